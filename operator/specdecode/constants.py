@@ -1,0 +1,96 @@
+"""Names every part of the operator agrees on: API group, labels, annotations, reasons.
+
+DESIGN.md makes these binding; nothing else in the package spells them out as literals.
+"""
+
+GROUP = "serving.specdecode.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "SpecDecodeService"
+PLURAL = "specdecodeservices"
+SINGULAR = "specdecodeservice"
+SHORT_NAMES = ["sds"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+FIELD_MANAGER = "specdecode-operator"
+OPERATOR_NAME = "specdecode-operator"
+
+# Labels on every child object. The Deployment selector uses only the stable ones
+# (selectors are immutable); the config hash lives on the pod template alone.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_NAME_VALUE = "vllm"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_MANAGED_BY_VALUE = OPERATOR_NAME
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_COMPONENT_VALUE = "inference-server"
+LABEL_SERVICE = f"{GROUP}/service"
+LABEL_CONFIG_HASH = f"{GROUP}/config-hash"
+
+# Prometheus label names the PodMonitor relabels the pod labels to; all PromQL groups by these.
+PROM_LABEL_SERVICE = "specdecode_service"
+PROM_LABEL_CONFIG_HASH = "specdecode_config_hash"
+
+# Annotations.
+ANNOTATION_PREFIX = GROUP
+ANNOTATION_APPLIED_HASH = f"{GROUP}/applied-hash"
+ANNOTATION_SPECULATION = f"{GROUP}/speculation"
+KOPF_FINALIZER = f"{GROUP}/finalizer"
+
+# The GPU taint the NVIDIA device plugin documentation recommends for GPU nodes.
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+VLLM_PORT = 8000
+VLLM_PORT_NAME = "http"
+VLLM_CONTAINER_NAME = "vllm"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai"
+DEFAULT_VLLM_VERSION = "0.33.0"
+
+# Phases.
+PHASE_PENDING = "Pending"
+PHASE_PROGRESSING = "Progressing"
+PHASE_SERVING = "Serving"
+PHASE_DEGRADED = "Degraded"
+PHASES = [PHASE_PENDING, PHASE_PROGRESSING, PHASE_SERVING, PHASE_DEGRADED]
+
+# Condition types.
+COND_READY = "Ready"
+COND_PROGRESSING = "Progressing"
+COND_DEGRADED = "Degraded"
+COND_SPECULATION_EFFECTIVE = "SpeculationEffective"
+COND_METRICS_AVAILABLE = "MetricsAvailable"
+COND_DRAFT_COMPATIBLE = "DraftCompatible"
+CONDITION_TYPES = [
+    COND_READY,
+    COND_PROGRESSING,
+    COND_DEGRADED,
+    COND_SPECULATION_EFFECTIVE,
+    COND_METRICS_AVAILABLE,
+    COND_DRAFT_COMPATIBLE,
+]
+
+# Condition reasons (CamelCase, as Kubernetes conventions ask).
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_ROLLING_OUT = "RollingOut"
+REASON_ROLLOUT_COMPLETE = "RolloutComplete"
+REASON_DEPLOYMENT_MISSING = "DeploymentMissing"
+REASON_UNAVAILABLE = "ReplicasUnavailable"
+REASON_AVAILABLE = "ReplicasAvailable"
+REASON_RECONCILED = "Reconciled"
+REASON_APPLY_FAILED = "ApplyFailed"
+REASON_SPECULATION_ON = "SpeculationOn"
+REASON_SPECULATION_OFF = "SpeculationOff"
+REASON_DISABLED_BY_USER = "DisabledByUser"
+REASON_STARTUP_FAILURE = "StartupFailure"
+REASON_METRICS_OK = "MetricsFresh"
+REASON_METRICS_MISSING = "MetricsMissing"
+REASON_METRICS_STALE = "MetricsStale"
+REASON_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
+
+# Event reasons.
+EVENT_APPLIED = "Applied"
+EVENT_SPECULATION_CHANGED = "SpeculationChanged"
+EVENT_RECOMMENDATION = "Recommendation"
+EVENT_INVALID_SPEC = "InvalidSpec"
+
+# Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
+MAX_DECISION_HISTORY = 20
