@@ -1,0 +1,1039 @@
+"""The SpecDecodeService API (serving.specdecode.io/v1alpha1) as pydantic v2 models.
+
+These models are the single source of truth: the CRD schema (`specdecode.crd`), the
+operator's validation and the documentation shown by `kubectl explain` are all generated from
+them. Every field has a description; every cross-field rule is declared once as a `Rule`
+that carries both its CEL expression (enforced by the apiserver) and its Python check
+(enforced by `specdecode validate` and by the operator before it renders anything).
+
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, ClassVar, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from . import constants as C
+
+# ---------------------------------------------------------------------------------------------
+# Durations
+# ---------------------------------------------------------------------------------------------
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds in a duration such as `30s`, `5m`, `1h30m` or `250ms` (plain numbers are seconds)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"duration {text!r} is negative")
+        return float(text)
+    stripped = str(text).strip()
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", stripped):
+        return float(stripped)
+    if not re.fullmatch(DURATION_PATTERN, stripped):
+        raise ValueError(f"{text!r} is not a duration; write it like 90s, 5m, 1h30m or 250ms")
+    return sum(float(n) * _DURATION_UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(stripped))
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest readable form of a duration in seconds: 0.25 -> 250ms, 90 -> 1m30s."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return "".join(parts) or "0s"
+
+
+def Duration(default: str, description: str, **kwargs: Any) -> Any:
+    """A duration field: a string such as `30s` or `5m` on the wire."""
+    return Field(default, description=description, pattern=DURATION_PATTERN, max_length=32, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-field rules: one declaration, two enforcers (apiserver CEL and Python)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule of one object.
+
+    `cel` runs in the apiserver (`x-kubernetes-validations` on the object's schema), `check`
+    runs in Python on the same object; both must agree. `field` is the path, relative to the
+    object, that the message blames (the apiserver reports it as the error's field).
+    """
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    field: str = ""
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self):
+        for rule in type(self).rules:
+            if not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as the apiserver stores it: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _preserve(description: str, **kwargs: Any) -> Any:
+    """A free-form Kubernetes object (affinity, a volume, ...) passed through unchanged."""
+    return Field(
+        description=description,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.model
+# ---------------------------------------------------------------------------------------------
+
+
+class TargetModel(ApiModel):
+    """The target model vLLM serves."""
+
+    name: str = Field(
+        description="Hugging Face repository id (`Qwen/Qwen2.5-7B-Instruct`) or a path inside the "
+        "model cache volume (`/models/llama-3.1-8b`). Passed to `vllm serve`.",
+        min_length=1,
+        max_length=512,
+    )
+    served_name: Optional[str] = Field(
+        None,
+        description="Name clients use in the OpenAI API (`--served-model-name`) and the "
+        "`model_name` label of vLLM's metrics. Defaults to `name`.",
+        max_length=256,
+    )
+    revision: Optional[str] = Field(
+        None,
+        description="Branch, tag or commit of the model repository (`--revision`). Pin it in "
+        "production so a new upload does not change what a restart loads.",
+        max_length=128,
+    )
+    max_model_len: Optional[int] = Field(
+        None,
+        description="Context length (`--max-model-len`). Lower it when the KV cache does not fit.",
+        ge=16,
+        le=10_000_000,
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="Allow the model repository's own Python code (`--trust-remote-code`). Only "
+        "for repositories you trust.",
+    )
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_name or self.name
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.speculation
+# ---------------------------------------------------------------------------------------------
+
+
+class SpeculationMethod(str, Enum):
+    """Speculative decoding methods of vLLM 0.33 that make sense to deploy."""
+
+    DRAFT_MODEL = "draft_model"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+
+
+METHODS_WITH_DRAFT_MODEL = (SpeculationMethod.DRAFT_MODEL, SpeculationMethod.EAGLE, SpeculationMethod.EAGLE3)
+METHODS_WITHOUT_DRAFT_MODEL = (SpeculationMethod.NGRAM, SpeculationMethod.MTP, SpeculationMethod.SUFFIX)
+
+
+class NgramWindow(ApiModel):
+    """Prompt-lookup window of the n-gram method: the lengths of n-grams matched in the prompt.
+    Unset bounds keep vLLM's defaults."""
+
+    prompt_lookup_min: Optional[int] = Field(
+        None, description="Shortest n-gram to match (`prompt_lookup_min`).", ge=1, le=32
+    )
+    prompt_lookup_max: Optional[int] = Field(
+        None, description="Longest n-gram to match (`prompt_lookup_max`).", ge=1, le=32
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.promptLookupMin) || !has(self.promptLookupMax) || "
+            "self.promptLookupMin <= self.promptLookupMax",
+            message="promptLookupMin must not exceed promptLookupMax: lower promptLookupMin or "
+            "raise promptLookupMax",
+            check=lambda w: w.prompt_lookup_min is None
+            or w.prompt_lookup_max is None
+            or w.prompt_lookup_min <= w.prompt_lookup_max,
+            field=".promptLookupMin",
+        ),
+    )
+
+
+class BatchSizeRange(ApiModel):
+    """One row of the per-batch-size K table: K for running batches in [minBatchSize, maxBatchSize]."""
+
+    min_batch_size: int = Field(description="First batch size of the range (inclusive).", ge=1, le=65536)
+    max_batch_size: int = Field(description="Last batch size of the range (inclusive).", ge=1, le=65536)
+    k: int = Field(
+        description="Speculative tokens for this range; 0 turns speculation off inside the engine "
+        "for these batch sizes, without a restart. Capped by the effective K.",
+        ge=0,
+        le=16,
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.minBatchSize <= self.maxBatchSize",
+            message="minBatchSize must not exceed maxBatchSize in a per-batch-size range",
+            check=lambda r: r.min_batch_size <= r.max_batch_size,
+            field=".minBatchSize",
+        ),
+    )
+
+
+def _ranges_start_at_one(ranges: list[BatchSizeRange]) -> bool:
+    return not ranges or any(r.min_batch_size == 1 for r in ranges)
+
+
+def _ranges_disjoint(ranges: list[BatchSizeRange]) -> bool:
+    return all(
+        a is b or a.max_batch_size < b.min_batch_size or b.max_batch_size < a.min_batch_size
+        for a in ranges
+        for b in ranges
+    )
+
+
+class Speculation(ApiModel):
+    """How vLLM speculates: the method, the draft, and the bounds the operator tunes K within."""
+
+    method: SpeculationMethod = Field(
+        description="Speculative decoding method: `draft_model` (a small model of the same family), "
+        "`eagle` / `eagle3` (an EAGLE head trained for the target), `mtp` (the target's own "
+        "multi-token-prediction layers), `ngram` (prompt lookup, no draft) or `suffix` "
+        "(suffix-tree lookup, no draft)."
+    )
+    draft_model: Optional[str] = Field(
+        None,
+        description="Draft model or EAGLE head: Hugging Face id or path. Required for draft_model, "
+        "eagle and eagle3; not allowed for ngram, mtp and suffix.",
+        min_length=1,
+        max_length=512,
+    )
+    draft_revision: Optional[str] = Field(
+        None, description="Branch, tag or commit of the draft repository.", max_length=128
+    )
+    num_speculative_tokens: int = Field(
+        3,
+        description="K the service starts with: tokens proposed per step. The operator moves it "
+        "within [minK, maxK] in Auto mode; in Off mode it is what runs.",
+        ge=1,
+        le=16,
+    )
+    min_k: int = Field(1, description="Smallest K the operator may choose.", ge=1, le=16)
+    max_k: int = Field(8, description="Largest K the operator may choose.", ge=1, le=16)
+    allow_disable: bool = Field(
+        True,
+        description="Whether the operator may turn speculation off when it stops paying or its "
+        "pods cannot start. When false it only lowers K, and reports Degraded instead of "
+        "running without speculation.",
+    )
+    draft_tensor_parallel_size: Optional[int] = Field(
+        None,
+        description="Tensor parallel size of the draft: 1 or the target's. Defaults to the target's.",
+        ge=1,
+        le=64,
+    )
+    ngram: Optional[NgramWindow] = Field(
+        None, description="Prompt-lookup window, for method ngram only. vLLM's defaults when unset."
+    )
+    use_heterogeneous_vocab: bool = Field(
+        False,
+        description="Let a draft_model whose vocabulary differs from the target's run (vLLM maps "
+        "tokens between them; greedy draft sampling only). vLLM refuses such a pair without it, "
+        "for example Qwen2.5-7B (vocab 152064) with Qwen2.5-0.5B (151936).",
+    )
+    per_batch_size_k: Optional[list[BatchSizeRange]] = Field(
+        None,
+        description="Optional K per running-batch-size range, applied inside the engine without "
+        "restarts (vLLM versions that support `num_speculative_tokens_per_batch_size`). Ranges "
+        "must include one starting at 1 and must not overlap; K in a range is capped by the "
+        "effective K.",
+        max_length=16,
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.minK <= self.maxK",
+            message="minK must not exceed maxK: lower minK or raise maxK",
+            check=lambda s: s.min_k <= s.max_k,
+            field=".minK",
+        ),
+        Rule(
+            cel="self.numSpeculativeTokens >= self.minK && self.numSpeculativeTokens <= self.maxK",
+            message="numSpeculativeTokens must lie within [minK, maxK]: move it into the bounds or "
+            "widen them",
+            check=lambda s: s.min_k <= s.num_speculative_tokens <= s.max_k,
+            field=".numSpeculativeTokens",
+        ),
+        Rule(
+            cel="!(self.method in ['draft_model', 'eagle', 'eagle3']) || has(self.draftModel)",
+            message="draftModel is required for methods draft_model, eagle and eagle3: name the "
+            "draft model or EAGLE head",
+            check=lambda s: s.method not in METHODS_WITH_DRAFT_MODEL or s.draft_model is not None,
+            field=".draftModel",
+        ),
+        Rule(
+            cel="!(self.method in ['ngram', 'mtp', 'suffix']) || !has(self.draftModel)",
+            message="draftModel is not used by methods ngram, mtp and suffix: remove it",
+            check=lambda s: s.method not in METHODS_WITHOUT_DRAFT_MODEL or s.draft_model is None,
+            field=".draftModel",
+        ),
+        Rule(
+            cel="self.method == 'ngram' || !has(self.ngram)",
+            message="ngram settings apply to method ngram only: remove them or set method: ngram",
+            check=lambda s: s.method == SpeculationMethod.NGRAM or s.ngram is None,
+            field=".ngram",
+        ),
+        Rule(
+            cel="self.method == 'draft_model' || !self.useHeterogeneousVocab",
+            message="useHeterogeneousVocab works with method draft_model only: remove it",
+            check=lambda s: s.method == SpeculationMethod.DRAFT_MODEL or not s.use_heterogeneous_vocab,
+            field=".useHeterogeneousVocab",
+        ),
+        Rule(
+            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.exists(r, r.minBatchSize == 1)",
+            message="perBatchSizeK must have a range starting at minBatchSize 1",
+            check=lambda s: _ranges_start_at_one(s.per_batch_size_k or []),
+            field=".perBatchSizeK",
+        ),
+        Rule(
+            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.all(a, self.perBatchSizeK.all(b, "
+            "a == b || a.maxBatchSize < b.minBatchSize || b.maxBatchSize < a.minBatchSize))",
+            message="perBatchSizeK ranges must not overlap: make each range end before the next "
+            "one starts",
+            check=lambda s: _ranges_disjoint(s.per_batch_size_k or []),
+            field=".perBatchSizeK",
+        ),
+        Rule(
+            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.all(r, r.k <= self.maxK)",
+            message="perBatchSizeK K values must not exceed maxK: lower them or raise maxK",
+            check=lambda s: all(r.k <= s.max_k for r in s.per_batch_size_k or []),
+            field=".perBatchSizeK",
+        ),
+    )
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.method in METHODS_WITH_DRAFT_MODEL
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.engine
+# ---------------------------------------------------------------------------------------------
+
+# Flags the operator owns: a user setting them in extraArgs would fight the operator's choice.
+RESERVED_ARG_PREFIXES = (
+    "--speculative",
+    "--spec-",
+    "-sc",
+    "--num-speculative-tokens",
+    "--ngram-prompt-lookup",
+    "--port",
+)
+
+
+def _reserved_arg(arg: str) -> str | None:
+    """The reserved prefix an argument starts with, if any (the same test as the CEL rule)."""
+    return next((prefix for prefix in RESERVED_ARG_PREFIXES if arg.startswith(prefix)), None)
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the vLLM container (the Kubernetes EnvVar shape)."""
+
+    name: str = Field(description="Variable name.", min_length=1, max_length=256)
+    value: Optional[str] = Field(None, description="Literal value.", max_length=32768)
+    value_from: Optional[dict[str, Any]] = _preserve(
+        "A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).", default=None
+    )
+
+
+class Engine(ApiModel):
+    """The vLLM engine: image, version and the serving knobs passed to `vllm serve`."""
+
+    image: Optional[str] = Field(
+        None,
+        description="Container image. Defaults to `vllm/vllm-openai:v<version>`.",
+        max_length=512,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the vLLM image."
+    )
+    version: str = Field(
+        C.DEFAULT_VLLM_VERSION,
+        description="vLLM version the image runs. Chooses the argument dialect: "
+        "`--speculative-config` JSON from 0.8.2, the legacy speculative flags before it, the "
+        "newest dialect when the version is not a release number (for example `nightly`).",
+        min_length=1,
+        max_length=64,
+    )
+    max_num_seqs: Optional[int] = Field(
+        None,
+        description="Most sequences in a batch (`--max-num-seqs`). vLLM's default depends on the "
+        "GPU (1024 on H100-class, 256 on smaller).",
+        ge=1,
+        le=65536,
+    )
+    max_num_batched_tokens: Optional[int] = Field(
+        None,
+        description="Most tokens per engine step (`--max-num-batched-tokens`).",
+        ge=1,
+        le=10_000_000,
+    )
+    gpu_memory_utilization: Optional[float] = Field(
+        None,
+        description="Fraction of GPU memory vLLM may use (`--gpu-memory-utilization`, 0 to 1). "
+        "Lower it when a draft model pushes the GPU out of memory.",
+        gt=0.0,
+        le=1.0,
+    )
+    enable_chunked_prefill: Optional[bool] = Field(
+        None,
+        description="Chunked prefill on or off; vLLM decides per model when unset.",
+    )
+    tensor_parallel_size: Optional[int] = Field(
+        None,
+        description="Tensor parallel size of the target (`--tensor-parallel-size`). Defaults to the "
+        "GPU count.",
+        ge=1,
+        le=64,
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `vllm serve` arguments, appended as given. Speculative flags and --port "
+        "are refused here: the operator owns them.",
+        max_length=64,
+        json_schema_extra={"items": {"type": "string", "maxLength": 4096}},
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Environment of the vLLM container.", max_length=64
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.extraArgs.all(a, !(a.startsWith('--speculative') || a.startsWith('--spec-') "
+            "|| a.startsWith('-sc') || a.startsWith('--num-speculative-tokens') || "
+            "a.startsWith('--ngram-prompt-lookup') || a.startsWith('--port')))",
+            message="extraArgs must not carry speculative flags or --port: the operator renders "
+            "them from spec.speculation; move the setting there",
+            check=lambda e: all(_reserved_arg(a) is None for a in e.extra_args),
+            field=".extraArgs",
+        ),
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _each_arg_short(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            if len(arg) > 4096:
+                raise ValueError("each extra argument must be at most 4096 characters")
+        return args
+
+    def image_ref(self) -> str:
+        return self.image or f"{C.DEFAULT_VLLM_IMAGE}:v{self.version}"
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.rollout, spec.resources, spec.scheduling
+# ---------------------------------------------------------------------------------------------
+
+
+class Rollout(ApiModel):
+    """How a change of speculation rolls through the replicas. Every change restarts pods."""
+
+    max_surge: int = Field(
+        0,
+        description="Extra pods during a rollout. 0 needs no spare GPU but takes one replica out "
+        "for each change (with one replica, a change is an outage); 1 keeps capacity if a spare "
+        "GPU node exists.",
+        ge=0,
+        le=64,
+    )
+    max_unavailable: int = Field(
+        1, description="Pods that may be down during a rollout.", ge=0, le=64
+    )
+    startup_timeout: str = Duration(
+        "30m",
+        "How long a pod may take to load the model and become ready before it counts as failed "
+        "to start (rendered as the startup probe's budget).",
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.maxSurge + self.maxUnavailable >= 1",
+            message="maxSurge and maxUnavailable cannot both be 0: a rollout could never progress",
+            check=lambda r: r.max_surge + r.max_unavailable >= 1,
+            field=".maxUnavailable",
+        ),
+    )
+
+
+class Resources(ApiModel):
+    """What each vLLM pod requests."""
+
+    gpus: int = Field(1, description="GPUs per pod.", ge=0, le=64)
+    gpu_resource_name: str = Field(
+        C.DEFAULT_GPU_RESOURCE,
+        description="Extended resource name of the GPU (`nvidia.com/gpu`, `amd.com/gpu`, or a MIG "
+        "profile such as `nvidia.com/mig-3g.40gb`).",
+        min_length=1,
+        max_length=253,
+    )
+    cpu: Optional[str] = Field(
+        None, description="CPU request and limit, a Kubernetes quantity (`8`, `7500m`).", max_length=32
+    )
+    memory: Optional[str] = Field(
+        None, description="Memory request and limit, a Kubernetes quantity (`64Gi`).", max_length=32
+    )
+    shm_size: str = Field(
+        "16Gi",
+        description="Size of the memory-backed /dev/shm volume (NCCL and PyTorch need more than a "
+        "container's default 64Mi).",
+        max_length=32,
+    )
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration."""
+
+    key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all.", max_length=317)
+    operator: Optional[Literal["Exists", "Equal"]] = Field(None, description="Exists or Equal.")
+    value: Optional[str] = Field(None, description="Taint value, for Equal.", max_length=63)
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        None, description="Taint effect to tolerate; all when empty."
+    )
+    toleration_seconds: Optional[int] = Field(
+        None, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class Scheduling(ApiModel):
+    """Where vLLM pods run."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels a node must have.", max_length=32
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations beyond the one for the GPU taint, which is always added.",
+        max_length=32,
+    )
+    affinity: Optional[dict[str, Any]] = _preserve("Pod affinity, as Kubernetes' Affinity.", default=None)
+    priority_class_name: Optional[str] = Field(None, description="PriorityClass of the pods.", max_length=253)
+    runtime_class_name: Optional[str] = Field(
+        None, description="RuntimeClass of the pods (for example `nvidia`).", max_length=253
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.modelCache, spec.pod
+# ---------------------------------------------------------------------------------------------
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the service's namespace."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    key: str = Field("token", description="Key inside the Secret.", min_length=1, max_length=253)
+
+
+class ModelCache(ApiModel):
+    """Where model weights are cached, and how the hub is reached."""
+
+    type: Literal["EmptyDir", "PersistentVolumeClaim"] = Field(
+        "EmptyDir",
+        description="EmptyDir downloads the weights at every pod start; PersistentVolumeClaim keeps "
+        "them across restarts (each change of K restarts pods: a PVC makes that much cheaper).",
+    )
+    claim_name: Optional[str] = Field(
+        None, description="PersistentVolumeClaim to mount, for type PersistentVolumeClaim.", max_length=253
+    )
+    size_limit: Optional[str] = Field(None, description="Size limit of the EmptyDir.", max_length=32)
+    mount_path: str = Field(
+        "/root/.cache/huggingface",
+        description="Where the cache is mounted; HF_HOME points here.",
+        min_length=1,
+        max_length=1024,
+    )
+    hf_token_secret: Optional[SecretKeyRef] = Field(
+        None,
+        description="Secret holding a Hugging Face token, for gated models. Passed as the HF_TOKEN "
+        "environment variable from the Secret, never in arguments.",
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="self.type != 'PersistentVolumeClaim' || has(self.claimName)",
+            message="claimName is required when type is PersistentVolumeClaim",
+            check=lambda m: m.type != "PersistentVolumeClaim" or m.claim_name is not None,
+            field=".claimName",
+        ),
+    )
+
+
+class PodOptions(ApiModel):
+    """Pass-through for the vLLM pods that platform teams expect."""
+
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.", max_length=64)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra pod labels. The operator's own labels win on conflict.",
+        max_length=64,
+    )
+    service_account_name: Optional[str] = Field(None, description="ServiceAccount of the pods.", max_length=253)
+    image_pull_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of Secrets for pulling the image.",
+        max_length=16,
+        json_schema_extra={"items": {"type": "string", "maxLength": 253}},
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra pod volumes (Kubernetes Volume objects).",
+        max_length=32,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra mounts of the vLLM container (Kubernetes VolumeMount objects).",
+        max_length=32,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    run_as_user: Optional[int] = Field(
+        None,
+        description="Run vLLM as this non-root UID. The operator then points every cache "
+        "(HF_HOME, VLLM_CACHE_ROOT, XDG_CACHE_HOME, TRITON_CACHE_DIR) at writable volumes.",
+        ge=1,
+        le=2147483647,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# spec.autotune, spec.metrics
+# ---------------------------------------------------------------------------------------------
+
+
+class AutotuneMode(str, Enum):
+    """What the operator does with its decisions."""
+
+    AUTO = "Auto"
+    RECOMMEND = "Recommend"
+    OFF = "Off"
+
+
+class LatencySLO(ApiModel):
+    """Latency objectives; when P95 breaks one and speculation is the likely cause, the operator
+    falls back fast."""
+
+    p95_end_to_end: Optional[str] = Field(
+        None, description="P95 end-to-end request latency objective (`2s`).", pattern=DURATION_PATTERN, max_length=32
+    )
+    p95_time_per_output_token: Optional[str] = Field(
+        None,
+        description="P95 time per output token objective (`50ms`), per request: decode time / "
+        "(tokens - 1).",
+        pattern=DURATION_PATTERN,
+        max_length=32,
+    )
+
+
+class Autotune(ApiModel):
+    """The control loop: how often it looks, how sure it must be, how often it may restart pods."""
+
+    mode: AutotuneMode = Field(
+        AutotuneMode.AUTO,
+        description="Auto changes K and turns speculation off/on; Recommend computes and reports "
+        "in status without changing anything; Off runs numSpeculativeTokens as declared.",
+    )
+    evaluation_interval: str = Duration("1m", "How often the service's metrics are evaluated.")
+    window: str = Duration(
+        "5m", "Metrics window of each evaluation (rate windows). Longer is steadier, shorter reacts faster."
+    )
+    warmup: str = Duration(
+        "2m",
+        "Time after a config becomes fully live before its metrics count (caches fill, CUDA graphs "
+        "warm up).",
+    )
+    min_drafts: int = Field(
+        2000,
+        description="Drafted tokens a window needs before acceptance is trusted.",
+        ge=1,
+        le=100_000_000,
+    )
+    min_requests: int = Field(
+        20, description="Finished requests a window needs before latency is trusted.", ge=1, le=10_000_000
+    )
+    acceptance_floor: float = Field(
+        0.35,
+        description="Per-token acceptance (alpha) below which speculation is turned off (or K set to "
+        "minK when allowDisable is false). Field reports put the break-even near 0.3 to 0.4.",
+        ge=0.0,
+        le=1.0,
+    )
+    slo: LatencySLO = Field(default_factory=LatencySLO, description="Latency objectives.")
+    cooldown: str = Duration("10m", "Least time between two changes (each change restarts pods).")
+    max_changes_per_hour: int = Field(
+        4, description="Change budget: most speculation changes in any hour.", ge=0, le=60
+    )
+    reprobe_interval: str = Duration(
+        "30m",
+        "With speculation off, how long before it is tried again to learn whether it pays now "
+        "(speculation off hides acceptance).",
+    )
+
+
+class PrometheusAuth(ApiModel):
+    """Credentials for Prometheus-compatible APIs (Thanos, Mimir, managed services)."""
+
+    bearer_token_secret: Optional[SecretKeyRef] = Field(
+        None, description="Secret in the operator's namespace holding a bearer token."
+    )
+    ca_secret: Optional[SecretKeyRef] = Field(
+        None, description="Secret in the operator's namespace holding a CA bundle (PEM)."
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra HTTP headers (for example `X-Scope-OrgID` for Mimir).",
+        max_length=16,
+    )
+
+
+class Metrics(ApiModel):
+    """Where the service's metrics live and how they are scraped."""
+
+    prometheus_url: Optional[str] = Field(
+        None,
+        description="Prometheus API base URL for this service, overriding the operator's default.",
+        max_length=2048,
+        pattern=r"^https?://",
+    )
+    auth: Optional[PrometheusAuth] = Field(None, description="Credentials for prometheusUrl.")
+    selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra label matchers added to every query (for example `cluster: gpu-east`).",
+        max_length=16,
+    )
+    pod_monitor: bool = Field(
+        True,
+        description="Render a PodMonitor (Prometheus Operator) for the vLLM pods. Applied only "
+        "where the PodMonitor CRD is served.",
+    )
+    scrape_interval: str = Duration("15s", "Scrape interval of the PodMonitor.")
+
+
+# ---------------------------------------------------------------------------------------------
+# spec
+# ---------------------------------------------------------------------------------------------
+
+
+def _target_tp(spec: "SpecDecodeServiceSpec") -> int:
+    return spec.engine.tensor_parallel_size or max(spec.resources.gpus, 1)
+
+
+class SpecDecodeServiceSpec(ApiModel):
+    """What the user wants: the model, its draft, and the rules the operator tunes by. The
+    operator never writes spec: its choices live in status and in the Deployment it owns."""
+
+    model: TargetModel = Field(description="The target model.")
+    speculation: Speculation = Field(description="Speculative decoding: method, draft and K bounds.")
+    engine: Engine = Field(default_factory=Engine, description="The vLLM engine.")
+    replicas: int = Field(1, description="vLLM pods. Scale subresource target for an HPA or KEDA.", ge=0, le=1024)
+    rollout: Rollout = Field(default_factory=Rollout, description="Rollout of changes.")
+    resources: Resources = Field(default_factory=Resources, description="Resources of each pod.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")
+    model_cache: ModelCache = Field(default_factory=ModelCache, description="Model weight cache.")
+    autotune: Autotune = Field(default_factory=Autotune, description="The speculation control loop.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Metrics source and scraping.")
+    pod: PodOptions = Field(default_factory=PodOptions, description="Pod pass-through options.")
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.speculation.draftTensorParallelSize) || "
+            "self.speculation.draftTensorParallelSize == 1 || "
+            "self.speculation.draftTensorParallelSize == "
+            "(has(self.engine) && has(self.engine.tensorParallelSize) ? "
+            "self.engine.tensorParallelSize : (has(self.resources) && has(self.resources.gpus) && "
+            "self.resources.gpus > 0 ? self.resources.gpus : 1))",
+            message="speculation.draftTensorParallelSize must be 1 or the target's tensor parallel "
+            "size (engine.tensorParallelSize, else resources.gpus)",
+            check=lambda s: s.speculation.draft_tensor_parallel_size in (None, 1, _target_tp(s)),
+            field=".speculation.draftTensorParallelSize",
+        ),
+        Rule(
+            cel="!has(self.engine) || !has(self.engine.tensorParallelSize) || !has(self.resources) "
+            "|| !has(self.resources.gpus) || self.resources.gpus == 0 || "
+            "self.engine.tensorParallelSize <= self.resources.gpus",
+            message="engine.tensorParallelSize must not exceed resources.gpus: each pod needs a GPU "
+            "per tensor-parallel rank",
+            check=lambda s: s.engine.tensor_parallel_size is None
+            or s.resources.gpus == 0
+            or s.engine.tensor_parallel_size <= s.resources.gpus,
+            field=".engine.tensorParallelSize",
+        ),
+    )
+
+    @property
+    def target_tensor_parallel_size(self) -> int:
+        return _target_tp(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------------
+
+
+class StatusModel(BaseModel):
+    """Base of status objects: camelCase on the wire, unknown fields kept out of the way."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Condition(StatusModel):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="Condition type: Ready, Progressing, Degraded, SpeculationEffective, "
+                      "MetricsAvailable or DraftCompatible.", max_length=64)
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One CamelCase word for machines.", max_length=128)
+    message: str = Field("", description="What happened, with numbers, for people.", max_length=4096)
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).", max_length=64)
+    observed_generation: Optional[int] = Field(None, description="Generation of the spec this reflects.")
+
+
+class EffectiveSpeculation(StatusModel):
+    """The speculation the operator runs now (what the Deployment is rendered with)."""
+
+    enabled: bool = Field(description="Whether speculation is on.")
+    method: Optional[str] = Field(None, description="Method in use.", max_length=32)
+    k: Optional[int] = Field(None, description="num_speculative_tokens in use; absent when off.")
+    since: Optional[str] = Field(None, description="When this speculation was chosen (RFC 3339).", max_length=64)
+    reason: Optional[str] = Field(None, description="Why it was chosen.", max_length=1024)
+    config_hash: Optional[str] = Field(None, description="Hash of the rendered engine config.", max_length=64)
+    live: Optional[bool] = Field(None, description="Whether every replica runs this config.")
+
+
+class Observations(StatusModel):
+    """What the last evaluation saw, over its window, for the current config."""
+
+    observed_at: Optional[str] = Field(None, description="Evaluation time (RFC 3339).", max_length=64)
+    window: Optional[str] = Field(None, description="Metrics window.", max_length=32)
+    acceptance_rate: Optional[float] = Field(None, description="Accepted / drafted tokens.")
+    alpha: Optional[float] = Field(None, description="Estimated per-token acceptance.")
+    alpha_per_position: Optional[list[float]] = Field(
+        None, description="Conditional acceptance at each draft position.", max_length=32
+    )
+    mean_accepted_length: Optional[float] = Field(None, description="Accepted tokens per draft.")
+    p95_end_to_end_seconds: Optional[float] = Field(None, description="P95 end-to-end latency, seconds.")
+    p95_time_per_output_token_seconds: Optional[float] = Field(None, description="P95 time per output token, seconds.")
+    mean_time_per_output_token_seconds: Optional[float] = Field(None, description="Mean time per output token, seconds.")
+    running_requests: Optional[float] = Field(None, description="Mean running batch per replica.")
+    waiting_requests: Optional[float] = Field(None, description="Mean queued requests per replica.")
+    kv_cache_usage: Optional[float] = Field(None, description="KV-cache usage, 0 to 1.")
+    request_rate: Optional[float] = Field(None, description="Finished requests per second, all replicas.")
+    generation_tokens_per_second: Optional[float] = Field(None, description="Generated tokens per second.")
+    preemptions_per_second: Optional[float] = Field(None, description="Preemptions per second.")
+    drafts: Optional[float] = Field(None, description="Drafted tokens in the window (sample count).")
+    requests: Optional[float] = Field(None, description="Finished requests in the window (sample count).")
+
+
+class Recommendation(StatusModel):
+    """The policy's current advice (acted on in Auto mode, only reported in Recommend mode)."""
+
+    action: str = Field(description="hold, set_k, disable or enable.", max_length=32)
+    enabled: bool = Field(description="Whether speculation should be on.")
+    k: Optional[int] = Field(None, description="Recommended K.")
+    reason: str = Field("", description="Why, with numbers.", max_length=2048)
+    predicted_speedup: Optional[float] = Field(
+        None, description="Predicted speed of the recommendation relative to the current config."
+    )
+    at: Optional[str] = Field(None, description="When it was computed (RFC 3339).", max_length=64)
+
+
+class DecisionRecord(StatusModel):
+    """One change (or recommended change) of speculation."""
+
+    time: str = Field(description="When (RFC 3339).", max_length=64)
+    action: str = Field(description="set_k, disable, enable or fallback.", max_length=32)
+    from_k: Optional[int] = Field(None, description="K before; absent when speculation was off.")
+    to_k: Optional[int] = Field(None, description="K after; absent when speculation is off.")
+    applied: bool = Field(True, description="False for Recommend mode: reported, not acted on.")
+    reason: str = Field("", description="Why, with numbers.", max_length=1024)
+
+
+class FailedConfig(StatusModel):
+    """A speculative config whose pods could not start: not retried until the spec changes."""
+
+    config_hash: str = Field(description="Hash of the failed engine config.", max_length=64)
+    spec_generation: int = Field(description="Spec generation it failed under.")
+    cause: str = Field(description="Classified cause.", max_length=64)
+    message: str = Field("", description="The log line that shows it.", max_length=2048)
+    at: str = Field(description="When (RFC 3339).", max_length=64)
+
+
+class SpecDecodeServiceStatus(StatusModel):
+    """What the operator sees and chose. Written by the operator only."""
+
+    phase: Optional[Literal["Pending", "Progressing", "Serving", "Degraded"]] = Field(
+        None, description="Pending, Progressing (a rollout is under way), Serving or Degraded."
+    )
+    observed_generation: Optional[int] = Field(None, description="Spec generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.", max_length=16)
+    replicas: Optional[int] = Field(None, description="vLLM pods that exist (scale subresource).")
+    ready_replicas: Optional[int] = Field(None, description="vLLM pods ready to serve.")
+    selector: Optional[str] = Field(None, description="Label selector of the pods (scale subresource).", max_length=1024)
+    speculation: Optional[EffectiveSpeculation] = Field(None, description="Speculation in effect.")
+    observations: Optional[Observations] = Field(None, description="Last evaluation's metrics.")
+    recommendation: Optional[Recommendation] = Field(None, description="The policy's current advice.")
+    history: list[DecisionRecord] = Field(
+        default_factory=list,
+        description=f"Last {C.MAX_DECISION_HISTORY} decisions, newest last.",
+        max_length=C.MAX_DECISION_HISTORY,
+    )
+    failed_configs: list[FailedConfig] = Field(
+        default_factory=list, description="Speculative configs that could not start.", max_length=16
+    )
+
+
+class SpecDecodeService(ApiModel):
+    """A vLLM service with speculative decoding, tuned by the operator from its own metrics."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    api_version: Literal["serving.specdecode.io/v1alpha1"] = Field(
+        description="serving.specdecode.io/v1alpha1"
+    )
+    kind: Literal["SpecDecodeService"] = Field(description="SpecDecodeService")
+    metadata: dict[str, Any] = Field(description="Standard object metadata.")
+    spec: SpecDecodeServiceSpec = Field(description="Desired state.")
+    status: Optional[SpecDecodeServiceStatus] = Field(None, description="Observed state.")
+
+    @field_validator("metadata")
+    @classmethod
+    def _named(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        name = metadata.get("name")
+        if not name:
+            raise ValueError("metadata.name is required")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 52:
+            raise ValueError(
+                "metadata.name must be a DNS label of at most 52 characters (lowercase letters, "
+                "digits and '-'): child objects are named after it"
+            )
+        return metadata
+
+    @property
+    def name(self) -> str:
+        return self.metadata["name"]
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.get("namespace") or "default"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing user input with messages that name the field
+# ---------------------------------------------------------------------------------------------
+
+
+class SpecError(ValueError):
+    """A SpecDecodeService that breaks the API: one line naming the field and the fix."""
+
+
+def _field_path(loc: tuple[Any, ...], root: str) -> str:
+    path = root
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith("function-"):
+            continue
+        else:
+            path += f".{to_camel(str(part)) if '_' in str(part) else part}"
+    return path
+
+
+def describe_validation_error(err: ValidationError, root: str = "") -> str:
+    """The first problem of a pydantic error as `field.path: what is wrong and how to fix it`."""
+    first = err.errors(include_url=False)[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and "[" in p))
+    path = _field_path(loc, root).lstrip(".") or root or "object"
+    kind = first["type"]
+    msg = first["msg"]
+    if kind == "missing":
+        text = "is required"
+    elif kind == "extra_forbidden":
+        text = "is not a field of this object; check the spelling against `kubectl explain sds.spec`"
+    elif kind == "literal_error" or kind == "enum":
+        text = msg.replace("Input should be", "must be")
+    elif kind == "value_error":
+        text = msg.removeprefix("Value error, ")
+    else:
+        text = msg.replace("Input should be", "must be")
+    extra = len(err.errors()) - 1
+    suffix = f" (and {extra} more problem{'s' if extra > 1 else ''})" if extra else ""
+    return f"{path}: {text}{suffix}"
+
+
+def parse_spec(spec: dict[str, Any]) -> SpecDecodeServiceSpec:
+    """Validate a spec as the operator reads it from the apiserver."""
+    try:
+        return SpecDecodeServiceSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SpecError(describe_validation_error(err, root="spec")) from None
+
+
+def parse_service(obj: Any) -> SpecDecodeService:
+    """Validate a whole SpecDecodeService document (as `specdecode validate` reads it)."""
+    if not isinstance(obj, dict):
+        raise SpecError("the document is not a mapping: expected a SpecDecodeService object")
+    if obj.get("apiVersion") != C.API_VERSION or obj.get("kind") != C.KIND:
+        raise SpecError(
+            f"apiVersion/kind: expected {C.API_VERSION} {C.KIND}, got "
+            f"{obj.get('apiVersion')!r} {obj.get('kind')!r}"
+        )
+    try:
+        return SpecDecodeService.model_validate(obj)
+    except ValidationError as err:
+        raise SpecError(describe_validation_error(err)) from None
