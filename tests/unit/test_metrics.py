@@ -1,0 +1,410 @@
+"""The metrics reader: query plan, observation core, emulated evaluation, and the shell."""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
+from specdecode import constants, metrics, promql
+from specdecode.metrics import (
+    ConfigKey,
+    MetricsSnapshot,
+    MetricsUnavailable,
+    PrometheusAccess,
+    PrometheusReader,
+    QueryScope,
+    RawSeries,
+    SpeculationCounts,
+    VectorSample,
+    build_observations,
+    build_query_plan,
+)
+
+SVC = constants.PROM_LABEL_SERVICE
+HASH = constants.PROM_LABEL_CONFIG_HASH
+KEY = ConfigKey("ns", "llama", "abc123")
+E2E_BOUNDS = [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960]
+TPOT_BOUNDS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5]
+
+
+def labels(key: ConfigKey = KEY, **extra: str) -> dict[str, str]:
+    return {"namespace": key.namespace, SVC: key.service, HASH: key.config_hash, **extra}
+
+
+def vec(value: float, key: ConfigKey = KEY, **extra: str) -> list[VectorSample]:
+    return [VectorSample(labels(key, **extra), value)]
+
+
+def bucket_samples(bounds, counts, key: ConfigKey = KEY) -> list[VectorSample]:
+    """Cumulative bucket samples from per-bucket counts (last count is the +Inf excess)."""
+    out, total = [], 0.0
+    for bound, count in zip(list(bounds) + [math.inf], counts):
+        total += count
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        out.append(VectorSample(labels(key, le=le), total))
+    return out
+
+
+def full_results(alpha: float = 0.8, k: int = 3, drafts: float = 1000.0) -> dict:
+    per_pos = [drafts * alpha ** (i + 1) for i in range(k)]
+    e2e_counts = [0] * (len(E2E_BOUNDS) + 1)
+    e2e_counts[3] = 80  # (0.8, 1]
+    e2e_counts[4] = 20  # (1, 1.5]
+    tpot_counts = [0] * (len(TPOT_BOUNDS) + 1)
+    tpot_counts[0] = 100
+    return {
+        "drafts": vec(drafts),
+        "draft_tokens": vec(drafts * k),
+        "accepted_tokens": vec(sum(per_pos)),
+        "accepted_per_position": [
+            VectorSample(labels(position=str(i)), v) for i, v in enumerate(per_pos)
+        ],
+        "e2e_buckets": bucket_samples(E2E_BOUNDS, e2e_counts),
+        "e2e_sum": vec(100.0),
+        "e2e_count": vec(100.0),
+        "tpot_buckets": bucket_samples(TPOT_BOUNDS, tpot_counts),
+        "tpot_sum": vec(0.6),
+        "tpot_count": vec(100.0),
+        "itl_sum": vec(30.0),
+        "itl_count": vec(2000.0),
+        "generation_tokens": vec(20000.0),
+        "prompt_tokens": vec(50000.0),
+        "preemptions": vec(3.0),
+        "running": vec(12.0),
+        "waiting": vec(0.5),
+        "kv_cache_usage": vec(0.4),
+        "newest_sample": vec(995.0),
+        "pods": vec(2.0),
+    }
+
+
+class TestQueryPlan:
+    def test_plan_size_is_fixed_whatever_the_number_of_services(self):
+        plan = build_query_plan(QueryScope.of(300))
+        assert len(plan) == len(metrics.QUERY_SPECS)
+        assert len({q.spec.name for q in plan}) == len(plan)
+
+    def test_every_query_groups_by_service_and_config_hash(self):
+        for query in build_query_plan(QueryScope.of(300)):
+            assert f"by (namespace, {SVC}, {HASH}" in query.text
+            assert f'{SVC}!=""' in query.text
+
+    def test_rendered_counter_query(self):
+        scope = QueryScope.of(300, {"cluster": "eu-1"})
+        spec = next(s for s in metrics.QUERY_SPECS if s.name == "accepted_per_position")
+        assert spec.promql(scope) == (
+            f"sum by (namespace, {SVC}, {HASH}, position) "
+            "(increase(vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            f'{{{SVC}!="", cluster="eu-1"}}[300s]))'
+        )
+
+    def test_rendered_gauge_and_timestamp_queries(self):
+        scope = QueryScope.of(7.5)
+        texts = {q.spec.name: q.text for q in build_query_plan(scope)}
+        assert texts["running"] == (
+            f"sum by (namespace, {SVC}, {HASH}) "
+            f'(avg_over_time(vllm:num_requests_running{{{SVC}!=""}}[7500ms]))'
+        )
+        assert texts["newest_sample"].startswith("max by (")
+        assert "timestamp(vllm:num_requests_running" in texts["newest_sample"]
+
+    def test_matcher_values_are_escaped(self):
+        text = metrics.render_matchers([("team", 'a"b\\c')])
+        assert text.endswith('team="a\\"b\\\\c"')
+
+    @pytest.mark.parametrize("name", ["1abc", "a-b", "__name__", ""])
+    def test_bad_selector_labels_are_refused(self, name):
+        with pytest.raises(ValueError):
+            QueryScope.of(60, {name: "x"})
+
+    @pytest.mark.parametrize("window", [0, -5, math.inf])
+    def test_bad_windows_are_refused(self, window):
+        with pytest.raises(ValueError):
+            QueryScope.of(window)
+
+    def test_scope_ignores_selector_order(self):
+        assert QueryScope.of(60, {"a": "1", "b": "2"}) == QueryScope.of(60, {"b": "2", "a": "1"})
+
+    @pytest.mark.parametrize(
+        "window, scrape, expected", [(300, 15, 75), (60, 15, 60), (120, 5, 30), (20, 10, 20)]
+    )
+    def test_guard_window(self, window, scrape, expected):
+        assert metrics.guard_window(window, scrape) == expected
+
+
+class TestObservations:
+    def test_full_observation(self):
+        obs = build_observations(full_results(), window_s=100, evaluated_at=1000)[KEY]
+        spec = obs.speculation
+        assert spec is not None and spec.k == 3
+        assert spec.alpha == pytest.approx(0.8)
+        assert spec.alpha_per_position == pytest.approx((0.8, 0.8, 0.8))
+        assert spec.acceptance_rate == pytest.approx((0.8 + 0.64 + 0.512) / 3)
+        assert spec.mean_accepted_length == pytest.approx(0.8 + 0.64 + 0.512)
+        # rank 95 of 100 lies in (1, 1.5] holding 20, 15 of them below the rank.
+        assert obs.e2e_p95_s == pytest.approx(1 + 0.5 * 15 / 20)
+        assert obs.e2e_mean_s == pytest.approx(1.0)
+        assert obs.tpot_p95_s == pytest.approx(0.0095)
+        assert obs.tpot_mean_s == pytest.approx(0.006)
+        assert obs.step_time_mean_s == pytest.approx(0.015)
+        assert obs.request_rate == pytest.approx(1.0)
+        assert obs.generation_tps == pytest.approx(200.0)
+        assert obs.output_tokens_per_request == pytest.approx(200.0)
+        assert obs.prompt_tokens_per_request == pytest.approx(500.0)
+        assert obs.preemption_rate == pytest.approx(0.03)
+        assert obs.batch_per_pod == pytest.approx(6.0)
+        assert obs.staleness_s == pytest.approx(5.0)
+        assert not obs.idle
+
+    def test_speculation_off_is_absent_not_missing(self):
+        results = {k: v for k, v in full_results().items() if "draft" not in k and "accepted" not in k}
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.speculation is None
+        assert obs.e2e_p95_s is not None
+
+    def test_idle_service_has_no_latency_but_is_fresh(self):
+        results = full_results()
+        zero_buckets = bucket_samples(E2E_BOUNDS, [0] * (len(E2E_BOUNDS) + 1))
+        results.update(
+            e2e_buckets=zero_buckets, e2e_count=vec(0.0), e2e_sum=vec(0.0),
+            tpot_count=vec(0.0), tpot_sum=vec(0.0),
+        )
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.idle and obs.e2e_p95_s is None and obs.e2e_mean_s is None
+        assert obs.tpot_mean_s is None
+        assert obs.staleness_s == pytest.approx(5.0)
+
+    def test_nan_values_are_ignored(self):
+        results = full_results()
+        results["e2e_sum"] = vec(math.nan)
+        results["running"] = vec(math.nan)
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.e2e_mean_s is None and obs.running is None
+
+    def test_config_hashes_are_attributed_separately(self):
+        other = ConfigKey("ns", "llama", "def456")
+        results = full_results()
+        results["drafts"] = vec(1000.0) + vec(10.0, other)
+        results["e2e_count"] = vec(100.0) + vec(7.0, other)
+        out = build_observations(results, window_s=100, evaluated_at=1000)
+        assert set(out) == {KEY, other}
+        assert out[other].requests == 7.0
+        assert out[other].speculation is not None and out[other].speculation.drafts == 10.0
+        assert out[KEY].requests == 100.0
+
+    def test_series_without_a_service_label_are_ignored(self):
+        results = {"drafts": [VectorSample({"namespace": "ns"}, 5.0)]}
+        assert build_observations(results, window_s=60, evaluated_at=0) == {}
+
+    def test_missing_positions_count_as_zero(self):
+        results = full_results()
+        results["accepted_per_position"] = [
+            VectorSample(labels(position="0"), 500.0), VectorSample(labels(position="2"), 10.0)
+        ]
+        spec = build_observations(results, window_s=100, evaluated_at=1000)[KEY].speculation
+        assert spec.accepted_per_position == (500.0, 0.0, 10.0)
+
+    def test_to_status_is_camel_case_and_drops_unknowns(self):
+        obs = build_observations(full_results(), window_s=300, evaluated_at=1000)[KEY]
+        status = obs.to_status()
+        assert status["acceptanceRate"] == pytest.approx(0.6507, abs=1e-4)
+        assert status["window"] == "300s"
+        assert status["configHash"] == "abc123"
+        assert all(v is not None for v in status.values())
+        assert all("_" not in k for k in status)
+
+    @settings(max_examples=200, deadline=None)
+    @given(alpha=st.floats(0.01, 0.99), k=st.integers(1, 10), drafts=st.floats(1.0, 1e6))
+    def test_alpha_mle_recovers_geometric_acceptance(self, alpha, k, drafts):
+        per_pos = tuple(drafts * alpha ** (i + 1) for i in range(k))
+        counts = SpeculationCounts(drafts, drafts * k, sum(per_pos), per_pos)
+        assert counts.alpha == pytest.approx(alpha, rel=1e-9)
+        expected_rate = alpha * (1 - alpha**k) / ((1 - alpha) * k)
+        assert counts.acceptance_rate == pytest.approx(expected_rate, rel=1e-9)
+
+    def test_alpha_undefined_without_drafts(self):
+        counts = SpeculationCounts(0.0, 0.0, 0.0, ())
+        assert counts.alpha is None and counts.acceptance_rate is None
+        assert counts.alpha_stderr is None and counts.mean_accepted_length is None
+
+
+# --- Emulated evaluation --------------------------------------------------------------------
+
+
+def pod_series(
+    key: ConfigKey, pod: str, times: list[float], *, alpha: float, k: int, drafts_per_s: float,
+    reset_at: float | None = None, stale_at: float | None = None, running: float = 4.0,
+) -> list[RawSeries]:
+    """Deterministic counters of one pod scraped at ``times`` (a restart resets them)."""
+    base = {"namespace": key.namespace, SVC: key.service, HASH: key.config_hash, "pod": pod}
+
+    def counter(name: str, per_s: float, **extra: str) -> RawSeries:
+        samples, origin = [], times[0] - 100.0
+        for t in times:
+            if reset_at is not None and t >= reset_at and origin < reset_at:
+                origin = reset_at
+            samples.append((t, per_s * (t - origin)))
+        return RawSeries({"__name__": name, **base, **extra}, samples, stale_at)
+
+    out = [
+        counter(metrics.METRIC_DRAFTS, drafts_per_s),
+        counter(metrics.METRIC_DRAFT_TOKENS, drafts_per_s * k),
+        counter(metrics.METRIC_ACCEPTED_TOKENS, drafts_per_s * sum(alpha ** (i + 1) for i in range(k))),
+        counter(metrics.METRIC_E2E + "_count", 1.0),
+        counter(metrics.METRIC_E2E + "_sum", 2.0),
+        RawSeries({"__name__": metrics.METRIC_RUNNING, **base}, [(t, running) for t in times], stale_at),
+    ]
+    out += [
+        counter(metrics.METRIC_ACCEPTED_PER_POS, drafts_per_s * alpha ** (i + 1), position=str(i))
+        for i in range(k)
+    ]
+    for bound, share in [("1.0", 0.0), ("2.5", 1.0), ("+Inf", 1.0)]:
+        out.append(counter(metrics.METRIC_E2E + "_bucket", share, le=bound))
+    return out
+
+
+class TestEmulatedPlan:
+    TIMES = [1000.0 + 5 * i for i in range(40)]
+
+    def test_counters_sum_over_pods_and_a_reset_keeps_the_ratios(self):
+        scope = QueryScope.of(60)
+        series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=4, drafts_per_s=10)
+        series += pod_series(KEY, "b", self.TIMES, alpha=0.7, k=4, drafts_per_s=10, reset_at=1150)
+        obs = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        assert obs.speculation.alpha == pytest.approx(0.7)
+        # Pod b restarted at 1150: the 5 s since its scrape at 1145 are lost (as in vLLM),
+        # the drop is a reset, and the 55 s sampled extrapolate to the 60 s window.
+        assert obs.speculation.drafts == pytest.approx(600 + 500 * 60 / 55, rel=1e-9)
+        assert obs.request_rate == pytest.approx((60 + 50 * 60 / 55) / 60, rel=1e-9)
+        assert obs.e2e_mean_s == pytest.approx(2.0)
+        assert 1.0 < obs.e2e_p95_s <= 2.5
+        assert obs.pods == 2 and obs.running == pytest.approx(8.0)
+        assert obs.staleness_s == pytest.approx(0.0)
+
+    def test_old_config_is_not_attributed_to_the_new_one(self):
+        scope = QueryScope.of(60)
+        old = ConfigKey("ns", "llama", "old")
+        series = pod_series(old, "a", self.TIMES[:20], alpha=0.2, k=4, drafts_per_s=10, stale_at=1100)
+        series += pod_series(KEY, "b", self.TIMES[20:], alpha=0.8, k=2, drafts_per_s=10)
+        out = metrics.observe_series(scope, series, at=1195.0)
+        assert old not in out  # its samples left the window
+        assert out[KEY].speculation.alpha == pytest.approx(0.8)
+        mixed = metrics.observe_series(scope, series, at=1130.0)
+        assert mixed[old].speculation.alpha == pytest.approx(0.2)
+        assert mixed[old].newest_sample_at is None  # stale: the pod is gone
+        assert mixed[KEY].speculation.k == 2
+
+    def test_selector_matchers_filter_series(self):
+        series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=2, drafts_per_s=10)
+        assert metrics.observe_series(QueryScope.of(60, {"pod": "zzz"}), series, 1195.0) == {}
+        assert KEY in metrics.observe_series(QueryScope.of(60, {"pod": "a"}), series, 1195.0)
+
+
+# --- Shell ----------------------------------------------------------------------------------
+
+
+class FakeClient:
+    def __init__(self, answers=None, error: Exception | None = None):
+        self.answers = answers or {}
+        self.error = error
+        self.queries: list[tuple[str, dict]] = []
+        self.closed = False
+
+    def custom_query(self, query, params=None):
+        self.queries.append((query, params))
+        if self.error is not None:
+            raise self.error
+        for spec in metrics.QUERY_SPECS:
+            if query == spec.promql(QueryScope.of(100)):
+                return self.answers.get(spec.name, [])
+        return []
+
+    def close(self):
+        self.closed = True
+
+
+def as_json(samples: list[VectorSample]) -> list[dict]:
+    return [{"metric": dict(s.labels), "value": [1000.0, repr(s.value)]} for s in samples]
+
+
+class TestReader:
+    def test_successful_read(self):
+        answers = {name: as_json(v) for name, v in full_results().items()}
+        client = FakeClient(answers)
+        reader = PrometheusReader(PrometheusAccess("http://prom"), connect=lambda _: client)
+        result = reader.read([QueryScope.of(100), QueryScope.of(100)], at=1000.0)
+        assert isinstance(result, MetricsSnapshot)
+        assert result.queries == len(metrics.QUERY_SPECS)
+        assert {p["time"] for _, p in client.queries} == {"1000.000"}
+        obs = result.for_service(QueryScope.of(100), "ns", "llama")["abc123"]
+        assert obs.speculation.alpha == pytest.approx(0.8)
+        assert client.closed
+
+    @pytest.mark.parametrize(
+        "error, words",
+        [
+            (requests.exceptions.ConnectionError("refused"), "unreachable"),
+            (requests.exceptions.ReadTimeout("slow"), "timed out"),
+            (PrometheusApiClientException("HTTP Status Code 503 (b'down')"), "error"),
+            (ValueError("Expecting value: line 1"), "failed"),
+        ],
+    )
+    def test_failures_become_unavailable(self, error, words):
+        reader = PrometheusReader(PrometheusAccess("http://prom"), connect=lambda _: FakeClient(error=error))
+        result = reader.read([QueryScope.of(100)], at=1000.0)
+        assert isinstance(result, MetricsUnavailable)
+        assert result.reason == constants.REASON_METRICS_MISSING
+        assert words in result.message
+
+    def test_malformed_answer_is_unavailable(self):
+        client = FakeClient({"drafts": [{"metric": {}, "value": ["x"]}]})
+        reader = PrometheusReader(PrometheusAccess("http://prom"), connect=lambda _: client)
+        result = reader.read([QueryScope.of(100)], at=1000.0)
+        assert isinstance(result, MetricsUnavailable) and "malformed" in result.message
+
+    def test_nan_and_inf_strings_parse(self):
+        parsed = metrics.parse_vector(
+            [{"metric": {"a": "b"}, "value": [1, "NaN"]}, {"metric": {}, "value": [1, "+Inf"]}]
+        )
+        assert math.isnan(parsed[0].value) and parsed[1].value == math.inf
+
+    def test_connection_refused_against_a_real_client(self):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        reader = PrometheusReader(PrometheusAccess(f"http://127.0.0.1:{port}", timeout_s=2))
+        result = reader.read([QueryScope.of(60)], at=1000.0)
+        assert isinstance(result, MetricsUnavailable)
+        assert "unreachable" in result.message
+
+    def test_headers_carry_token_and_custom_headers(self, tmp_path):
+        token_file = tmp_path / "token"
+        token_file.write_text("rotated\n")
+        access = PrometheusAccess(
+            "https://thanos", bearer_token="static", bearer_token_file=str(token_file),
+            headers={"X-Scope-OrgID": "tenant-a"},
+        )
+        assert access.request_headers() == {
+            "X-Scope-OrgID": "tenant-a", "Authorization": "Bearer rotated"
+        }
+
+    def test_default_client_uses_ca_bundle_and_headers(self, tmp_path):
+        ca = tmp_path / "ca.pem"
+        ca.write_text("")
+        access = PrometheusAccess(
+            "https://prom/", bearer_token="t", ca_bundle=str(ca), headers={"X-A": "1"}, timeout_s=3
+        )
+        client = metrics._default_connect(access)
+        assert client.url == "https://prom"
+        assert client.headers == {"X-A": "1", "Authorization": "Bearer t"}
+        assert client._session.verify == str(ca)
+
+    def test_insecure_skip_verify(self):
+        client = metrics._default_connect(PrometheusAccess("https://prom", insecure_skip_verify=True))
+        assert client._session.verify is False
