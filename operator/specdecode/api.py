@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, ClassVar, Literal, Optional
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -59,6 +59,9 @@ def Duration(default: str, description: str, **kwargs: Any) -> Any:
     """A duration field: a string such as `30s` or `5m` on the wire."""
     return Field(default, description=description, pattern=DURATION_PATTERN, max_length=32, **kwargs)
 
+
+# A map of short strings (labels, selectors, headers): bounded so CEL cost estimates stay low.
+StringMap = dict[str, Annotated[str, Field(max_length=4096)]]
 
 # ---------------------------------------------------------------------------------------------
 # Cross-field rules: one declaration, two enforcers (apiserver CEL and Python)
@@ -551,7 +554,7 @@ class Toleration(ApiModel):
 class Scheduling(ApiModel):
     """Where vLLM pods run."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: StringMap = Field(
         default_factory=dict, description="Node labels a node must have.", max_length=32
     )
     tolerations: list[Toleration] = Field(
@@ -615,8 +618,8 @@ class ModelCache(ApiModel):
 class PodOptions(ApiModel):
     """Pass-through for the vLLM pods that platform teams expect."""
 
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.", max_length=64)
-    labels: dict[str, str] = Field(
+    annotations: StringMap = Field(default_factory=dict, description="Extra pod annotations.", max_length=64)
+    labels: StringMap = Field(
         default_factory=dict,
         description="Extra pod labels. The operator's own labels win on conflict.",
         max_length=64,
@@ -732,7 +735,7 @@ class PrometheusAuth(ApiModel):
     ca_secret: Optional[SecretKeyRef] = Field(
         None, description="Secret in the operator's namespace holding a CA bundle (PEM)."
     )
-    headers: dict[str, str] = Field(
+    headers: StringMap = Field(
         default_factory=dict,
         description="Extra HTTP headers (for example `X-Scope-OrgID` for Mimir).",
         max_length=16,
@@ -749,7 +752,7 @@ class Metrics(ApiModel):
         pattern=r"^https?://",
     )
     auth: Optional[PrometheusAuth] = Field(None, description="Credentials for prometheusUrl.")
-    selector: dict[str, str] = Field(
+    selector: StringMap = Field(
         default_factory=dict,
         description="Extra label matchers added to every query (for example `cluster: gpu-east`).",
         max_length=16,
@@ -854,6 +857,12 @@ class EffectiveSpeculation(StatusModel):
     reason: Optional[str] = Field(None, description="Why it was chosen.", max_length=1024)
     config_hash: Optional[str] = Field(None, description="Hash of the rendered engine config.", max_length=64)
     live: Optional[bool] = Field(None, description="Whether every replica runs this config.")
+    spec_hash: Optional[str] = Field(
+        None,
+        description="Hash of what spec declared about speculation when this was chosen; a new "
+        "declaration restarts from the declared K.",
+        max_length=64,
+    )
 
 
 class Observations(StatusModel):

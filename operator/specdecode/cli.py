@@ -66,8 +66,13 @@ def _import_commands() -> None:
 # modules light; heavy imports go inside the command functions.
 _COMMAND_MODULES = [
     "specdecode.commands.api_commands",
+    "specdecode.commands.cluster",
 ]
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the package module, not this __main__ copy, so that commands registered by
+    # `specdecode.commands.*` land in the registry main() reads.
+    from specdecode.cli import main as package_main
+
+    sys.exit(package_main())
