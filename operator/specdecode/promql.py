@@ -113,11 +113,21 @@ def select_range(
     ``samples`` must be sorted by time (as a time series is). NaN values (staleness markers)
     are never part of a range.
     """
-    start = at - range_s
-    times = [t for t, _ in samples]
-    lo = bisect.bisect_right(times, start) if rules.left_open_ranges else bisect.bisect_left(times, start)
-    hi = bisect.bisect_right(times, at)
+    end_ms = to_millis(at)
+    start_ms = end_ms - to_millis(range_s)
+    times = [to_millis(t) for t, _ in samples]
+    if rules.left_open_ranges:
+        lo = bisect.bisect_right(times, start_ms)
+    else:
+        lo = bisect.bisect_left(times, start_ms)
+    hi = bisect.bisect_right(times, end_ms)
     return [s for s in samples[lo:hi] if not math.isnan(s[1])]
+
+
+def to_millis(seconds: float) -> int:
+    """Prometheus stores and compares time in integer milliseconds; so does the emulation
+    (float seconds near 1.8e9 carry only ~0.2 us of resolution, enough to drift by 1e-7)."""
+    return round(seconds * 1000)
 
 
 def extrapolated_change(
@@ -135,8 +145,10 @@ def extrapolated_change(
     """
     if len(samples) < 2:
         return None
-    first_t, first_v = samples[0]
-    last_t, last_v = samples[-1]
+    first_v = samples[0][1]
+    last_v = samples[-1][1]
+    first_ms, last_ms = to_millis(samples[0][0]), to_millis(samples[-1][0])
+    start_ms, end_ms = to_millis(range_start), to_millis(range_end)
     delta = last_v - first_v
     if is_counter:
         previous = first_v
@@ -145,13 +157,13 @@ def extrapolated_change(
                 delta += previous
             previous = value
 
-    sampled = last_t - first_t
-    if sampled <= 0:
+    if last_ms <= first_ms:
         return None
+    sampled = (last_ms - first_ms) / 1000
     avg_gap = sampled / (len(samples) - 1)
     threshold = avg_gap * EXTRAPOLATION_THRESHOLD_FACTOR
-    to_start = first_t - range_start
-    to_end = range_end - last_t
+    to_start = (first_ms - start_ms) / 1000
+    to_end = (end_ms - last_ms) / 1000
 
     def zero_cap(current: float) -> float:
         if is_counter and delta > 0 and first_v >= 0:
@@ -171,7 +183,7 @@ def extrapolated_change(
 
     factor = (sampled + to_start + to_end) / sampled
     if is_rate:
-        factor /= range_end - range_start
+        factor /= (end_ms - start_ms) / 1000
     return delta * factor
 
 
@@ -180,9 +192,8 @@ def increase(
 ) -> float | None:
     """``increase(counter[range_s])`` evaluated at ``at``; None when Prometheus gives nothing."""
     selected = select_range(samples, at, range_s, rules)
-    return extrapolated_change(
-        selected, at - range_s, at, is_counter=True, is_rate=False, rules=rules
-    )
+    start = (to_millis(at) - to_millis(range_s)) / 1000
+    return extrapolated_change(selected, start, at, is_counter=True, is_rate=False, rules=rules)
 
 
 def rate(
@@ -190,9 +201,8 @@ def rate(
 ) -> float | None:
     """``rate(counter[range_s])`` evaluated at ``at``; None when Prometheus gives nothing."""
     selected = select_range(samples, at, range_s, rules)
-    return extrapolated_change(
-        selected, at - range_s, at, is_counter=True, is_rate=True, rules=rules
-    )
+    start = (to_millis(at) - to_millis(range_s)) / 1000
+    return extrapolated_change(selected, start, at, is_counter=True, is_rate=True, rules=rules)
 
 
 def avg_over_time(
@@ -226,14 +236,15 @@ def instant_sample(
     ``stale_at`` is when Prometheus wrote a staleness marker for the series (its target or
     the series vanished from a scrape); after it the series is absent from instant queries.
     """
-    times = [t for t, _ in samples]
-    index = bisect.bisect_right(times, at) - 1
+    at_ms = to_millis(at)
+    times = [to_millis(t) for t, _ in samples]
+    index = bisect.bisect_right(times, at_ms) - 1
     if index < 0:
         return None
     t, value = samples[index]
-    if t <= at - rules.lookback_s or math.isnan(value):
+    if times[index] <= at_ms - to_millis(rules.lookback_s) or math.isnan(value):
         return None
-    if stale_at is not None and t < stale_at <= at:
+    if stale_at is not None and times[index] < to_millis(stale_at) <= at_ms:
         return None
     return (t, value)
 

@@ -87,16 +87,18 @@ class TestIncrease:
     @settings(max_examples=200, deadline=None)
     @given(
         slope=st.floats(0.0, 1000.0),
-        step=st.floats(1.0, 30.0),
-        offset=st.floats(0.0, 0.99),
+        step_ms=st.integers(1000, 30000),
+        offset_ms=st.integers(0, 999),
         window_steps=st.integers(3, 40),
     )
-    def test_linear_counter_recovers_its_slope(self, slope, step, offset, window_steps):
-        # A counter that has existed long before the window and is scraped regularly.
+    def test_linear_counter_recovers_its_slope(self, slope, step_ms, offset_ms, window_steps):
+        # A counter that has existed long before the window and is scraped regularly
+        # (timestamps in whole milliseconds, as Prometheus stores them).
+        step = step_ms / 1000
         window = window_steps * step
-        start = 10_000.0
+        start = 1_700_000_000.0
         samples = [(start + i * step, 1e6 + slope * i * step) for i in range(window_steps * 3)]
-        at = start + (window_steps * 2 + offset) * step
+        at = start + window_steps * 2 * step + offset_ms / 1000
         assert rate(samples, at, window) == pytest.approx(slope, rel=1e-9, abs=1e-9)
 
     @settings(max_examples=200, deadline=None)

@@ -1,0 +1,362 @@
+"""The metrics reader's pure core against a real Prometheus.
+
+A prometheus_client HTTP server stands for two vLLM pods (one of them restarts, so its
+counters reset); a real Prometheus (Debian package) scrapes it every second with the labels a
+PodMonitor gives. We then ask Prometheus for the raw samples it stored and check that the
+emulation in `specdecode.promql` / `specdecode.metrics.evaluate_plan` gives the same answers
+as Prometheus itself: the whole query plan, ``rate()`` and ``histogram_quantile`` included,
+at several evaluation instants and windows.
+
+The Prometheus process is started by a small fixture of this module (the shared local-stack
+helper did not exist when this test was written); it only needs /usr/bin/prometheus.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from specdecode import constants, metrics, promql
+from specdecode.metrics import PrometheusAccess, PrometheusReader, QueryScope, RawSeries
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed"),
+]
+
+PROM_BINARY = shutil.which("prometheus") or "/usr/bin/prometheus"
+SCRAPE_INTERVAL_S = 1
+E2E_BOUNDS = ["0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "+Inf"]
+TPOT_BOUNDS = ["0.01", "0.025", "0.05", "0.075", "0.1", "+Inf"]
+
+
+def free_port() -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port != 9090:
+            return port
+
+
+class FakeVLLMPod:
+    """Counters, histograms and gauges of one vLLM pod, stepped by the test."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """The pod's process restarted: every counter is back to zero."""
+        with self.lock:
+            self.drafts = 0.0
+            self.accepted_per_pos = [0.0] * self.k
+            self.e2e = [0.0] * len(E2E_BOUNDS)
+            self.e2e_sum = 0.0
+            self.tpot = [0.0] * len(TPOT_BOUNDS)
+            self.tpot_sum = 0.0
+            self.itl_count = 0.0
+            self.itl_sum = 0.0
+            self.generation = 0.0
+            self.running = 0.0
+
+    def step(self, i: int) -> None:
+        with self.lock:
+            drafts = 3 + i % 5
+            self.drafts += drafts
+            accepted = drafts
+            for pos in range(self.k):
+                accepted = accepted * (0.8 if (i + pos) % 3 else 0.6)
+                self.accepted_per_pos[pos] += round(accepted)
+            latency_bucket = (i * 7) % (len(E2E_BOUNDS))
+            self.e2e[latency_bucket] += 1 + i % 2
+            self.e2e_sum += 0.4 + 0.1 * latency_bucket
+            tpot_bucket = (i * 3) % len(TPOT_BOUNDS)
+            self.tpot[tpot_bucket] += 1 + i % 2
+            self.tpot_sum += 0.02 * (1 + tpot_bucket)
+            self.itl_count += 10 + i % 4
+            self.itl_sum += 0.15 + 0.01 * (i % 3)
+            self.generation += 40 + 3 * (i % 7)
+            self.running = float(i % 9)
+
+    def collect(self):
+        with self.lock:
+            base = ["model_name", "engine"]
+            ids = ["m", "0"]
+            drafts = CounterMetricFamily("vllm:spec_decode_num_drafts", "", labels=base)
+            drafts.add_metric(ids, self.drafts)
+            tokens = CounterMetricFamily("vllm:spec_decode_num_draft_tokens", "", labels=base)
+            tokens.add_metric(ids, self.drafts * self.k)
+            accepted = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens", "", labels=base)
+            accepted.add_metric(ids, sum(self.accepted_per_pos))
+            per_pos = CounterMetricFamily(
+                "vllm:spec_decode_num_accepted_tokens_per_pos", "", labels=base + ["position"]
+            )
+            for pos, value in enumerate(self.accepted_per_pos):
+                per_pos.add_metric(ids + [str(pos)], value)
+            yield from (drafts, tokens, accepted, per_pos)
+            for name, bounds, counts, total in (
+                ("vllm:e2e_request_latency_seconds", E2E_BOUNDS, self.e2e, self.e2e_sum),
+                ("vllm:request_time_per_output_token_seconds", TPOT_BOUNDS, self.tpot, self.tpot_sum),
+            ):
+                family = HistogramMetricFamily(name, "", labels=base)
+                cumulative, acc = [], 0.0
+                for bound, count in zip(bounds, counts):
+                    acc += count
+                    cumulative.append((bound, acc))
+                family.add_metric(ids, cumulative, sum_value=total)
+                yield family
+            itl = HistogramMetricFamily("vllm:inter_token_latency_seconds", "", labels=base)
+            itl.add_metric(ids, [("+Inf", self.itl_count)], sum_value=self.itl_sum)
+            yield itl
+            generation = CounterMetricFamily("vllm:generation_tokens", "", labels=base)
+            generation.add_metric(ids, self.generation)
+            yield generation
+            running = GaugeMetricFamily("vllm:num_requests_running", "", labels=base)
+            running.add_metric(ids, self.running)
+            yield running
+
+
+def serve_text_format(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
+    """Serve ``registry`` in the classic text format whatever the scraper asks for.
+
+    prometheus_client 0.26 escapes ``vllm:`` to ``vllm_`` in its OpenMetrics output, which
+    Prometheus negotiates by default; vLLM's names keep their colon in the text format.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Two fake pods on their own ports and a real Prometheus scraping them."""
+    tmp = tmp_path_factory.mktemp("prom")
+    pods = {"pod-a": FakeVLLMPod(k=3), "pod-b": FakeVLLMPod(k=3)}
+    ports = {}
+    servers = []
+    for name, pod in pods.items():
+        registry = CollectorRegistry()
+        registry.register(pod)
+        ports[name] = free_port()
+        servers.append(serve_text_format(registry, ports[name]))
+
+    targets = "\n".join(
+        f"""  - targets: ["127.0.0.1:{ports[name]}"]
+    labels:
+      namespace: team-a
+      pod: {name}
+      {constants.PROM_LABEL_SERVICE}: llama
+      {constants.PROM_LABEL_CONFIG_HASH}: cfg1"""
+        for name in pods
+    )
+    config = tmp / "prometheus.yml"
+    config.write_text(
+        f"""global:
+  scrape_interval: {SCRAPE_INTERVAL_S}s
+  scrape_timeout: {SCRAPE_INTERVAL_S}s
+scrape_configs:
+- job_name: vllm
+  static_configs:
+{targets}
+"""
+    )
+    port = free_port()
+    log = open(tmp / "prometheus.log", "w")
+    process = subprocess.Popen(
+        [
+            PROM_BINARY,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError((tmp / "prometheus.log").read_text()[-2000:])
+            time.sleep(0.2)
+        version = requests.get(f"{url}/api/v1/status/buildinfo", timeout=2).json()["data"]["version"]
+
+        # Step the pods for ~24 s; pod-b restarts half-way (its counters reset).
+        for i in range(48):
+            for name, pod in pods.items():
+                if name == "pod-b" and i == 24:
+                    pod.reset()
+                pod.step(i)
+            time.sleep(0.5)
+        yield url, promql.rules_for_version(version), time.time()
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+def query(url: str, text: str, at: float) -> list[dict]:
+    response = requests.get(
+        f"{url}/api/v1/query", params={"query": text, "time": f"{at:.3f}"}, timeout=5
+    )
+    response.raise_for_status()
+    return response.json()["data"]["result"]
+
+
+def raw_series(url: str, at: float) -> list[RawSeries]:
+    """Every sample Prometheus stored for our series in the last 5 minutes before ``at``."""
+    result = query(url, f'{{__name__=~"vllm:.+", {constants.PROM_LABEL_SERVICE}!=""}}[300s]', at)
+    return [
+        RawSeries(item["metric"], [(float(t), float(v)) for t, v in item["values"]])
+        for item in result
+    ]
+
+
+def latest_sample_time(url: str) -> float:
+    result = query(url, "max(timestamp(vllm:num_requests_running))", time.time())
+    return float(result[0]["value"][1])
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("window_s", [5, 10, 20])
+def test_emulated_plan_matches_prometheus(stack, window_s):
+    url, rules, _ = stack
+    end = latest_sample_time(url)
+    reader = PrometheusReader(PrometheusAccess(url, timeout_s=5))
+    scope = QueryScope.of(window_s, {"namespace": "team-a"})
+    for offset in (0.0, 0.37, 3.3, 7.81):
+        at = round(end - offset, 3)
+        series = raw_series(url, at)
+        assert series, "Prometheus stored no samples"
+        emulated = metrics.evaluate_plan(scope, series, at, rules)
+        for planned in metrics.build_query_plan(scope):
+            real = {
+                tuple(sorted(item["metric"].items())): float(item["value"][1])
+                for item in query(url, planned.text, at)
+            }
+            mine = {tuple(sorted(s.labels.items())): s.value for s in emulated[planned.spec.name]}
+            assert set(real) == set(mine), planned.text
+            for labels, value in real.items():
+                assert close(value, mine[labels]), (planned.text, at, value, mine[labels])
+
+        real_result = reader.read([scope], at)
+        assert isinstance(real_result, metrics.MetricsSnapshot)
+        real_obs = real_result.observations[scope]
+        emulated_obs = metrics.observe_series(scope, series, at, rules)
+        assert set(real_obs) == set(emulated_obs)
+        for key, obs in real_obs.items():
+            other = emulated_obs[key]
+            assert close(obs.speculation.alpha, other.speculation.alpha)
+            assert close(obs.e2e_p95_s, other.e2e_p95_s)
+            assert close(obs.tpot_p95_s, other.tpot_p95_s)
+            assert close(obs.step_time_mean_s, other.step_time_mean_s)
+            assert obs.pods == other.pods == 2
+
+
+@pytest.mark.timeout(120)
+def test_rate_and_histogram_quantile_match_prometheus(stack):
+    url, rules, _ = stack
+    end = latest_sample_time(url)
+    group = f"namespace, {constants.PROM_LABEL_SERVICE}"
+    for offset in (0.0, 1.5, 6.25):
+        at = round(end - offset, 3)
+        series = raw_series(url, at)
+        for window in (4, 9, 15):
+            # rate() per series, including pod-b's reset.
+            text = f"rate(vllm:spec_decode_num_drafts_total[{window}s])"
+            for item in query(url, text, at):
+                pod = item["metric"]["pod"]
+                samples = next(
+                    s.samples for s in series
+                    if s.name == "vllm:spec_decode_num_drafts_total" and s.labels["pod"] == pod
+                )
+                assert close(float(item["value"][1]), promql.rate(samples, at, window, rules))
+
+            # histogram_quantile over the service's summed bucket rates.
+            text = (
+                f"histogram_quantile(0.95, sum by ({group}, le) "
+                f"(rate(vllm:e2e_request_latency_seconds_bucket[{window}s])))"
+            )
+            real = query(url, text, at)
+            assert len(real) == 1
+            buckets: dict[float, float] = {}
+            for s in series:
+                if s.name != "vllm:e2e_request_latency_seconds_bucket":
+                    continue
+                value = promql.rate(s.samples, at, window, rules)
+                if value is not None:
+                    bound = float(s.labels["le"])
+                    buckets[bound] = buckets.get(bound, 0.0) + value
+            mine = promql.histogram_quantile(0.95, buckets.items())
+            assert close(float(real[0]["value"][1]), mine), (window, at)
+
+
+@pytest.mark.timeout(60)
+def test_idle_window_gives_nan_quantile_in_both(stack):
+    url, rules, stopped_at = stack
+    # Wait until a 2 s window lies entirely after the last step: no increase, no requests.
+    while latest_sample_time(url) < stopped_at + 3.5:
+        time.sleep(0.5)
+    at = round(latest_sample_time(url), 3)
+    text = "histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[2s])))"
+    real = query(url, text, at + 0.001)
+    series = raw_series(url, at)
+    buckets: dict[float, float] = {}
+    for s in series:
+        if s.name == "vllm:e2e_request_latency_seconds_bucket":
+            value = promql.rate(s.samples, at + 0.001, 2, rules)
+            if value is not None:
+                buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + value
+    mine = promql.histogram_quantile(0.95, buckets.items())
+    assert math.isnan(mine)
+    assert real and math.isnan(float(real[0]["value"][1]))
+
+
+def test_prometheus_stopped_is_unavailable():
+    reader = PrometheusReader(PrometheusAccess(f"http://127.0.0.1:{free_port()}", timeout_s=2))
+    result = reader.read([QueryScope.of(30)], at=time.time())
+    assert isinstance(result, metrics.MetricsUnavailable)
+
