@@ -16,6 +16,7 @@ from typing import Any, Optional
 from . import api
 from . import constants as C
 from . import vllm
+from . import vllm_support as support
 
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
 
@@ -147,12 +148,30 @@ def vllm_args(spec: api.SpecDecodeServiceSpec, choice: SpeculationChoice) -> lis
     elif e.enable_chunked_prefill is False:
         args.append("--no-enable-chunked-prefill")
     args += vllm.histogram_bucket_args(e.version)
+    _check_draft_tensor_parallel(spec)
     try:
         args += vllm.speculative_args(speculative_config(spec, choice), e.version)
     except vllm.UnsupportedConfig as err:
         raise RenderError(f"spec.engine.version: {err}") from None
     args += e.extra_args
     return args
+
+
+def _check_draft_tensor_parallel(spec: api.SpecDecodeServiceSpec) -> None:
+    """vLLM's V1 draft-model runner needs the draft sharded like the target (0.15.0+), a
+    stricter rule than the API's "1 or the target's" that holds for EAGLE heads."""
+    s = spec.speculation
+    tp = spec.target_tensor_parallel_size
+    release = vllm.release(spec.engine.version)
+    if (
+        s.method == api.SpeculationMethod.DRAFT_MODEL
+        and s.draft_tensor_parallel_size not in (None, tp)
+        and (release is None or support.supports(support.DRAFT_TP_MUST_EQUAL_TARGET_FOR_DRAFT_MODEL, str(release)))
+    ):
+        raise RenderError(
+            f"spec.speculation.draftTensorParallelSize: vLLM {spec.engine.version} runs a draft_model "
+            f"only with the target's tensor parallel size ({tp}): set it to {tp} or leave it unset"
+        )
 
 
 def _number(value: float) -> str:

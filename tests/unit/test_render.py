@@ -140,6 +140,18 @@ def test_per_batch_size_table_is_capped_at_k(minimal_spec):
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
 
 
+def test_draft_model_sharded_unlike_the_target_is_a_render_error(minimal_spec):
+    spec = {**minimal_spec, "speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 1}, "resources": {"gpus": 2}}
+    with pytest.raises(render.RenderError, match="draftTensorParallelSize.*set it to 2"):
+        render.render_all(_service(spec), render.SpeculationChoice(k=3))
+
+
+def test_mtp_gets_its_old_name_on_old_releases(minimal_spec):
+    spec = {**minimal_spec, "speculation": {"method": "mtp"}, "engine": {"version": "0.10.1"}}
+    args = _args(render.render_all(_service(spec), render.SpeculationChoice(k=1)))
+    assert json.loads(args[args.index("--speculative-config") + 1])["method"] == "deepseek_mtp"
+
+
 def test_method_the_version_lacks_is_a_render_error(minimal_spec):
     spec = {**minimal_spec, "speculation": {"method": "eagle3", "draftModel": "h"}, "engine": {"version": "0.7.3"}}
     with pytest.raises(render.RenderError, match="spec.engine.version"):
@@ -182,7 +194,8 @@ def specs(draw):
     speculation: dict = {"method": method, "minK": min_k, "maxK": max_k, "numSpeculativeTokens": k}
     if method in ("draft_model", "eagle", "eagle3"):
         speculation["draftModel"] = draw(st.sampled_from(["org/draft-0.5b", "/models/eagle-head", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"]))
-        speculation["draftTensorParallelSize"] = draw(st.sampled_from([1, gpus]))
+        # vLLM's V1 draft-model runner wants the target's TP; EAGLE heads may also use 1.
+        speculation["draftTensorParallelSize"] = gpus if method == "draft_model" else draw(st.sampled_from([1, gpus]))
     if method == "draft_model":
         speculation["useHeterogeneousVocab"] = draw(st.booleans())
     if method == "ngram" and draw(st.booleans()):
