@@ -66,6 +66,7 @@ def _import_commands() -> None:
 # modules light; heavy imports go inside the command functions.
 _COMMAND_MODULES = [
     "specdecode.commands.api_commands",
+    "specdecode.commands.run",
     "specdecode.commands.cluster",
 ]
 

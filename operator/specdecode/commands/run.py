@@ -1,0 +1,71 @@
+"""`specdecode run`: the operator process (kopf inside)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+
+from ..cli import UserError, command
+
+
+@command
+def _run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the operator",
+        description="Run the operator against the cluster of $KUBECONFIG, --kubeconfig, or the "
+        "pod's service account. Flags override the SPECDECODE_* environment.",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+                   help="watch only this namespace (repeatable); default: the whole cluster")
+    p.add_argument("--prometheus-url", help="default Prometheus API base URL")
+    p.add_argument("--reconcile-interval", type=float, help="seconds between level-triggered reconciles")
+    p.add_argument("--evaluation-tick", type=float, help="seconds between evaluator passes")
+    p.add_argument("--log-format", choices=["text", "json"], help="log format (json for production)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--liveness-port", type=int, help="port of /healthz (0: off)")
+    p.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--peering-name", help="ClusterKopfPeering object name")
+    p.add_argument("--standalone", action="store_true", default=None, help="run without peering")
+    p.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from .. import settings as settings_module
+
+    overrides = {
+        k: getattr(args, k)
+        for k in ("namespaces", "prometheus_url", "reconcile_interval", "evaluation_tick", "log_format",
+                  "log_level", "liveness_port", "metrics_port", "peering_name", "standalone")
+    }
+    try:
+        settings = settings_module.load(overrides)
+    except settings_module.SettingsError as err:
+        raise UserError(str(err)) from None
+    if args.kubeconfig:
+        if not os.path.exists(args.kubeconfig):
+            raise UserError(f"--kubeconfig {args.kubeconfig}: no such file")
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    settings_module.current = settings
+
+    kopf.configure(
+        verbose=settings.log_level == "DEBUG",
+        quiet=settings.log_level in ("WARNING", "ERROR"),
+        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+    importlib.import_module("specdecode.handlers")  # registers the handlers with kopf
+    kopf.run(
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=settings.standalone,
+        peering_name=settings.peering_name,
+        liveness_endpoint=f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None,
+    )
+    return 0

@@ -1,0 +1,155 @@
+"""Reconcile one SpecDecodeService: render, apply what differs, read the rollout, write status.
+
+Level-triggered and idempotent: every pass re-reads the object and its children, so the kopf
+handlers (create, update, resume, timer, Deployment events) all call the same `reconcile`.
+Nothing is remembered between passes; the operator's own choice of speculation lives in
+status, so a restarted operator carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from kubernetes.client.exceptions import ApiException
+
+from . import api
+from . import constants as C
+from . import instrumentation, render
+from . import status as st
+from .kube import Kube, foreign_drift
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _api_error_message(err: ApiException) -> str:
+    return f"{err.status} {err.reason}: {(err.body or '')[:300]}"
+
+
+class Controller:
+    """The reconcile shell around the pure render and status functions."""
+
+    def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None):
+        self.kube = kube
+        self.clock = clock
+        self.log = logger or logging.getLogger("specdecode.controller")
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    def lock_for(self, namespace: str, name: str) -> threading.Lock:
+        """One lock per service: reconciles and evaluations of a service never interleave."""
+        with self._locks_guard:
+            return self._locks[(namespace, name)]
+
+    # ------------------------------------------------------------------------------ reconcile
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        with self.lock_for(namespace, name):
+            body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                instrumentation.forget_service(namespace, name)
+                return
+            try:
+                result = self._reconcile(body)
+            except Exception:
+                instrumentation.RECONCILES.labels("error").inc()
+                instrumentation.ERRORS.labels("reconcile").inc()
+                raise
+            instrumentation.RECONCILES.labels(result).inc()
+
+    def _reconcile(self, body: dict[str, Any]) -> str:
+        now = self.clock()
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        current = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
+
+        try:
+            service = api.parse_service({k: v for k, v in body.items() if k != "status"})
+            choice, reason = st.current_choice(service.spec, current)
+            served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
+            objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
+        except (api.SpecError, render.RenderError) as err:
+            # Children stay as they are: a bad edit must not take a serving model down.
+            message = str(err)
+            outcome = st.ReconcileOutcome(invalid_spec=message)
+            new = st.next_status(current, outcome, None, generation, now)
+            if self._write_status(body, current, new):
+                self.kube.post_event(body, "Warning", C.EVENT_INVALID_SPEC, message, now)
+            return "invalid_spec"
+
+        spec = service.spec
+        deployment, applied, apply_error = self._apply_children(objects, service)
+        config = render.config_hash(spec, choice)
+        outcome = st.ReconcileOutcome(
+            apply_error=apply_error,
+            rollout=st.rollout_state(deployment, config),
+            choice=choice,
+            choice_reason=reason,
+            config_hash=config,
+            method=spec.speculation.method.value,
+            selector=render.selector_string(service.name),
+        )
+        new = st.next_status(current, outcome, spec, generation, now)
+        self._write_status(body, current, new)
+        if applied:
+            described = choice.describe(spec.speculation.method.value)
+            self.kube.post_event(
+                body, "Normal", C.EVENT_APPLIED, f"applied {', '.join(applied)} for config {config} ({described})", now
+            )
+        if apply_error:
+            self.kube.post_event(body, "Warning", C.REASON_APPLY_FAILED, apply_error, now)
+        instrumentation.record_speculation(service.namespace, service.name, choice.k)
+        return "error" if apply_error else "ok"
+
+    def _apply_children(
+        self, objects: list[dict[str, Any]], service: api.SpecDecodeService
+    ) -> tuple[Optional[dict[str, Any]], list[str], Optional[str]]:
+        """Apply each rendered object whose content or ownership drifted; delete stale ones.
+
+        Returns the live Deployment, the kinds written, and an error message if a write failed.
+        """
+        applied: list[str] = []
+        deployment: Optional[dict[str, Any]] = None
+        try:
+            for obj in objects:
+                live = self.kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], service.namespace)
+                wanted = obj["metadata"]["annotations"][C.ANNOTATION_APPLIED_HASH]
+                have = ((live or {}).get("metadata", {}).get("annotations") or {}).get(C.ANNOTATION_APPLIED_HASH)
+                if live is None or have != wanted or foreign_drift(live):
+                    live = self.kube.apply(obj)
+                    applied.append(obj["kind"])
+                if obj["kind"] == "Deployment":
+                    deployment = live
+            rendered_kinds = {o["kind"] for o in objects}
+            for api_version, kind in (("policy/v1", "PodDisruptionBudget"), (render.PODMONITOR_API_VERSION, "PodMonitor")):
+                if kind in rendered_kinds or not self.kube.is_served(api_version, kind):
+                    continue
+                stale = self.kube.get(api_version, kind, service.name, service.namespace)
+                labels = (stale or {}).get("metadata", {}).get("labels") or {}
+                if stale and labels.get(C.LABEL_MANAGED_BY) == C.LABEL_MANAGED_BY_VALUE:
+                    self.kube.delete(api_version, kind, service.name, service.namespace)
+                    applied.append(f"deleted {kind}")
+        except ApiException as err:
+            instrumentation.ERRORS.labels("apply").inc()
+            return deployment, applied, f"applying children failed: {_api_error_message(err)}"
+        return deployment, applied, None
+
+    def _write_status(
+        self, body: dict[str, Any], current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus
+    ) -> bool:
+        """Write status only when it changed; True when written."""
+        if new.to_wire() == current.to_wire():
+            return False
+        try:
+            self.kube.replace_status(body, new.to_wire())
+        except ApiException:
+            instrumentation.ERRORS.labels("status").inc()
+            raise
+        return True

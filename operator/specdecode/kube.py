@@ -1,0 +1,177 @@
+"""Every call the operator makes to the Kubernetes API, in one place, with writes counted.
+
+Reads return plain dicts (None when absent); writes are server-side apply with the
+operator's field manager, JSON patches of status guarded by resourceVersion, and deletes.
+Each write increments `specdecode_api_writes_total`, so steady state can be shown to cost
+none.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from typing import Any, Optional
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+
+from . import constants as C
+from .instrumentation import API_WRITES
+
+# Managers whose writes to our children are expected and not drift.
+EXPECTED_MANAGERS = frozenset({C.FIELD_MANAGER, "kube-controller-manager"})
+DISCOVERY_TTL_S = 300.0
+
+
+class Conflict(Exception):
+    """The object changed between our read and our write; the caller retries."""
+
+
+def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
+    """An API client from a kubeconfig (file, $KUBECONFIG) or from inside a pod."""
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    return client.ApiClient()
+
+
+class Kube:
+    """The operator's API access. Thread-safe: kopf runs sync handlers in a thread pool."""
+
+    def __init__(self, api_client: client.ApiClient):
+        self.api_client = api_client
+        self.dynamic = DynamicClient(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self._served: dict[tuple[str, str], tuple[bool, float]] = {}
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------------- reads
+
+    def _resource(self, api_version: str, kind: str):
+        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def get(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> Optional[dict[str, Any]]:
+        try:
+            obj = self._resource(api_version, kind).get(name=name, namespace=namespace)
+        except NotFoundError:
+            return None
+        return obj.to_dict()
+
+    def list(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "") -> list[dict[str, Any]]:
+        result = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
+        return [item.to_dict() for item in result.items]
+
+    def is_served(self, api_version: str, kind: str, now: Optional[float] = None) -> bool:
+        """Whether the apiserver serves a kind (the PodMonitor CRD may be missing); cached."""
+        now = time.monotonic() if now is None else now
+        key = (api_version, kind)
+        with self._lock:
+            cached = self._served.get(key)
+            if cached and now - cached[1] < DISCOVERY_TTL_S:
+                return cached[0]
+        try:
+            self._resource(api_version, kind)
+            served = True
+        except ResourceNotFoundError:
+            self.dynamic.resources.invalidate_cache()
+            try:
+                self._resource(api_version, kind)
+                served = True
+            except ResourceNotFoundError:
+                served = False
+        with self._lock:
+            self._served[key] = (served, now)
+        return served
+
+    # ---------------------------------------------------------------------------------- writes
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as the operator's field manager, taking fields back from others."""
+        meta = obj["metadata"]
+        resource = self._resource(obj["apiVersion"], obj["kind"])
+        API_WRITES.labels("apply", obj["kind"]).inc()
+        result = resource.server_side_apply(
+            body=obj,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=C.FIELD_MANAGER,
+            force_conflicts=True,
+        )
+        return result.to_dict()
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> bool:
+        API_WRITES.labels("delete", kind).inc()
+        try:
+            self._resource(api_version, kind).delete(name=name, namespace=namespace)
+        except NotFoundError:
+            return False
+        return True
+
+    def replace_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Set `.status` of a SpecDecodeService, failing with Conflict if it changed since read."""
+        meta = obj["metadata"]
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+            {"op": "add", "path": "/status", "value": status},
+        ]
+        API_WRITES.labels("patch", C.KIND + "/status").inc()
+        try:
+            return client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
+                C.GROUP, C.VERSION, meta["namespace"], C.PLURAL, meta["name"], patch
+            )
+        except ApiException as err:
+            if err.status in (409, 422):
+                raise Conflict(f"{meta['namespace']}/{meta['name']} changed while its status was computed") from None
+            raise
+
+    def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> None:
+        """A core/v1 Event about a SpecDecodeService (what `kubectl describe sds` shows)."""
+        meta = owner["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(
+                api_version=C.API_VERSION,
+                kind=C.KIND,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta["uid"],
+                resource_version=meta.get("resourceVersion"),
+            ),
+            type=type_,
+            reason=reason,
+            message=message[:1024],
+            source=client.V1EventSource(component=C.OPERATOR_NAME),
+            reporting_component=C.OPERATOR_NAME,
+            reporting_instance=C.OPERATOR_NAME,
+            first_timestamp=stamp,
+            last_timestamp=stamp,
+            count=1,
+        )
+        API_WRITES.labels("create", "Event").inc()
+        self.core.create_namespaced_event(meta["namespace"], event)
+
+
+def foreign_drift(live: dict[str, Any]) -> bool:
+    """Whether a manager other than ours (and the controllers) wrote the object after our
+    last apply: a `kubectl edit` or `kubectl scale` that our next apply must take back.
+
+    Only writes newer than ours count, so a field someone else added and we do not render
+    (server-side apply leaves it) does not make us apply again on every pass.
+    """
+    entries = live.get("metadata", {}).get("managedFields") or []
+    ours = [e.get("time", "") for e in entries if e.get("manager") == C.FIELD_MANAGER and not e.get("subresource")]
+    last_ours = max(ours, default="")
+    for entry in entries:
+        if entry.get("manager") in EXPECTED_MANAGERS or entry.get("subresource") == "status":
+            continue
+        if entry.get("time", "") > last_ours:
+            return True
+    return False

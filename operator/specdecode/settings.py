@@ -1,0 +1,83 @@
+"""The operator's own configuration: one typed object, from flags and SPECDECODE_* variables.
+
+Loaded once by `specdecode run` before the handlers module is imported, because kopf reads
+timer intervals when its decorators run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Optional
+
+from pydantic import BaseModel, Field, ValidationError
+
+ENV_PREFIX = "SPECDECODE_"
+
+
+class OperatorSettings(BaseModel):
+    """Settings of one operator process. Every field can be set as SPECDECODE_<FIELD>."""
+
+    prometheus_url: str = Field(
+        "http://prometheus-operated.monitoring.svc:9090",
+        description="Prometheus API base URL used for services that do not set spec.metrics.prometheusUrl.",
+    )
+    prometheus_bearer_token_file: Optional[str] = Field(
+        None, description="File holding a bearer token for the default Prometheus."
+    )
+    prometheus_ca_file: Optional[str] = Field(None, description="CA bundle (PEM) for the default Prometheus.")
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Namespaces to watch (comma-separated in the environment); empty watches the whole cluster.",
+    )
+    reconcile_interval: float = Field(
+        60.0, gt=0, description="Seconds between level-triggered reconciles of each service (drift repair)."
+    )
+    evaluation_tick: float = Field(
+        5.0, gt=0, description="Seconds between passes of the evaluator, which evaluates the services that are due."
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log lines as text or as JSON objects.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Least severity logged.")
+    liveness_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz (0 turns it off).")
+    metrics_port: int = Field(8081, ge=0, le=65535, description="Port of the operator's own /metrics (0 turns it off).")
+    peering_name: str = Field(
+        "specdecode-operator",
+        description="ClusterKopfPeering object that keeps one replica active at a time.",
+    )
+    standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
+
+    @classmethod
+    def from_environment(cls, overrides: dict | None = None, environ: dict | None = None) -> "OperatorSettings":
+        """Settings from SPECDECODE_* variables, then explicit overrides (command-line flags)."""
+        environ = os.environ if environ is None else environ
+        values: dict = {}
+        for name, field in cls.model_fields.items():
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            if name == "namespaces":
+                values[name] = [n.strip() for n in raw.split(",") if n.strip()]
+            elif field.annotation is bool:
+                values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                values[name] = raw
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.model_validate(values)
+
+
+class SettingsError(ValueError):
+    """Invalid operator configuration: names the variable or flag."""
+
+
+def load(overrides: dict | None = None) -> OperatorSettings:
+    try:
+        return OperatorSettings.from_environment(overrides)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        raise SettingsError(
+            f"{ENV_PREFIX}{field.upper()} / --{field.replace('_', '-')}: {first['msg']}"
+        ) from None
+
+
+# The settings of this process, set by `specdecode run` before the handlers are imported.
+current: OperatorSettings = OperatorSettings()

@@ -1,0 +1,288 @@
+"""Pure status logic: conditions, phase and rollout state from what the operator observes.
+
+Everything here takes the current time as an argument and returns new values; the handlers
+compare the result with the stored status and write only when something changed, so a
+steady service costs no API writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional
+
+from . import api
+from . import constants as C
+from .render import SpeculationChoice, stable_hash
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Conditions
+# ---------------------------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Iterable[api.Condition],
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: Optional[int],
+) -> list[api.Condition]:
+    """Conditions with `type_` set; lastTransitionTime moves only when the status flips.
+
+    The order of existing conditions is kept (new types are appended), so an unchanged
+    condition set compares equal and causes no write.
+    """
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    out: list[api.Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        transition = cond.last_transition_time if cond.status == value else rfc3339(now)
+        out.append(
+            api.Condition(
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=transition,
+                observed_generation=generation,
+            )
+        )
+    if not found:
+        out.append(
+            api.Condition(
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message,
+                last_transition_time=rfc3339(now),
+                observed_generation=generation,
+            )
+        )
+    return out
+
+
+def get_condition(conditions: Iterable[api.Condition], type_: str) -> Optional[api.Condition]:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout state of the Deployment
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """How far the Deployment is in running the config the operator rendered."""
+
+    exists: bool
+    desired: int = 0
+    replicas: int = 0  # all pods, old and new
+    updated: int = 0
+    ready: int = 0
+    available: int = 0
+    observed: bool = False  # the deployment controller has seen the latest template
+    config_matches: bool = False  # the live template carries the rendered config hash
+    deadline_exceeded: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Every replica runs the rendered config and is available: its metrics are its own."""
+        return (
+            self.exists
+            and self.observed
+            and self.config_matches
+            and self.updated == self.desired
+            and self.available >= self.desired
+            and self.replicas == self.desired
+        )
+
+
+def rollout_state(deployment: Optional[dict[str, Any]], rendered_hash: str) -> RolloutState:
+    """Read the Deployment's status the way `kubectl rollout status` does."""
+    if deployment is None:
+        return RolloutState(exists=False)
+    spec = deployment.get("spec", {})
+    status = deployment.get("status", {}) or {}
+    meta = deployment.get("metadata", {})
+    labels = spec.get("template", {}).get("metadata", {}).get("labels", {})
+    conditions = status.get("conditions") or []
+    deadline = any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded" for c in conditions
+    )
+    return RolloutState(
+        exists=True,
+        desired=int(spec.get("replicas", 1)),
+        replicas=int(status.get("replicas", 0) or 0),
+        updated=int(status.get("updatedReplicas", 0) or 0),
+        ready=int(status.get("readyReplicas", 0) or 0),
+        available=int(status.get("availableReplicas", 0) or 0),
+        observed=int(status.get("observedGeneration", 0) or 0) >= int(meta.get("generation", 0) or 0),
+        config_matches=labels.get(C.LABEL_CONFIG_HASH) == rendered_hash,
+        deadline_exceeded=deadline,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The effective speculation, derived from status (no memory in the operator process)
+# ---------------------------------------------------------------------------------------------
+
+
+def declared_speculation_hash(spec: api.SpecDecodeServiceSpec) -> str:
+    """What the user declared about speculation, bounds aside: when it changes, the operator
+    starts again from the declared K instead of its own earlier choice."""
+    s = spec.speculation
+    return stable_hash([s.method.value, s.draft_model, s.draft_revision, s.num_speculative_tokens], length=8)
+
+
+def current_choice(
+    spec: api.SpecDecodeServiceSpec, status: Optional[api.SpecDecodeServiceStatus]
+) -> tuple[SpeculationChoice, str]:
+    """The speculation to run now, and why, from the spec and the operator's earlier choice.
+
+    Off mode runs what is declared. Otherwise the earlier choice stands (clamped into new
+    bounds) unless the user changed what they declared about speculation.
+    """
+    s = spec.speculation
+    declared = SpeculationChoice(k=s.num_speculative_tokens)
+    if spec.autotune.mode == api.AutotuneMode.OFF:
+        return declared, "autotune is Off: running the declared K"
+    earlier = status.speculation if status else None
+    if earlier is None or earlier.spec_hash != declared_speculation_hash(spec):
+        return declared, "declared in spec"
+    if not earlier.enabled:
+        if s.allow_disable:
+            return SpeculationChoice.off(), earlier.reason or "turned off by the operator"
+        return SpeculationChoice(k=s.min_k), "speculation may not be turned off (allowDisable: false): minK"
+    k = earlier.k if earlier.k is not None else s.num_speculative_tokens
+    clamped = min(max(k, s.min_k), s.max_k)
+    if clamped != k:
+        return SpeculationChoice(k=clamped), f"K {k} moved into the new bounds [{s.min_k}, {s.max_k}]"
+    return SpeculationChoice(k=k), earlier.reason or "chosen by the operator"
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase and conditions from a reconcile
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """What a reconcile found: either an invalid spec, or the rendered config and its rollout."""
+
+    invalid_spec: Optional[str] = None
+    apply_error: Optional[str] = None
+    rollout: RolloutState = RolloutState(exists=False)
+    choice: Optional[SpeculationChoice] = None
+    choice_reason: str = ""
+    config_hash: Optional[str] = None
+    method: Optional[str] = None
+    selector: Optional[str] = None
+
+
+def next_status(
+    current: api.SpecDecodeServiceStatus,
+    outcome: ReconcileOutcome,
+    spec: Optional[api.SpecDecodeServiceSpec],
+    generation: Optional[int],
+    now: datetime,
+) -> api.SpecDecodeServiceStatus:
+    """The status after a reconcile. Fields owned by the control loop (observations,
+    recommendation, history) are carried over untouched."""
+    conds = list(current.conditions)
+    if outcome.invalid_spec is not None:
+        conds = set_condition(conds, C.COND_DEGRADED, True, C.REASON_INVALID_SPEC, outcome.invalid_spec, now, generation)
+        return current.model_copy(update={"phase": C.PHASE_DEGRADED, "conditions": conds, "observed_generation": generation})
+
+    r = outcome.rollout
+    assert outcome.choice is not None and spec is not None
+    described = outcome.choice.describe(outcome.method or "")
+    config = f"config {outcome.config_hash} ({described})"
+
+    if outcome.apply_error is not None:
+        conds = set_condition(conds, C.COND_DEGRADED, True, C.REASON_APPLY_FAILED, outcome.apply_error, now, generation)
+    elif r.deadline_exceeded and not r.live:
+        conds = set_condition(
+            conds, C.COND_DEGRADED, True, "ProgressDeadlineExceeded",
+            f"the rollout of {config} exceeded its deadline: {r.updated}/{r.desired} pods updated, "
+            f"{r.available} available", now, generation,
+        )
+    else:
+        conds = set_condition(conds, C.COND_DEGRADED, False, "AsExpected", "", now, generation)
+
+    if not r.exists:
+        conds = set_condition(conds, C.COND_PROGRESSING, True, C.REASON_DEPLOYMENT_MISSING, f"creating the Deployment for {config}", now, generation)
+    elif r.live:
+        conds = set_condition(conds, C.COND_PROGRESSING, False, C.REASON_ROLLOUT_COMPLETE, f"all {r.desired} replicas run {config}", now, generation)
+    else:
+        conds = set_condition(
+            conds, C.COND_PROGRESSING, True, C.REASON_ROLLING_OUT,
+            f"rolling out {config}: {r.updated}/{r.desired} updated, {r.available} available", now, generation,
+        )
+
+    if r.available >= 1:
+        conds = set_condition(conds, C.COND_READY, True, C.REASON_AVAILABLE, f"{r.available}/{r.desired} replicas available", now, generation)
+    else:
+        reason = "ScaledToZero" if r.exists and r.desired == 0 else C.REASON_UNAVAILABLE
+        conds = set_condition(conds, C.COND_READY, False, reason, f"{r.available}/{r.desired} replicas available", now, generation)
+
+    if outcome.choice.enabled:
+        spec_cond = (True, C.REASON_SPECULATION_ON, f"{described} {'running' if r.live else 'rolling out'}")
+    elif spec.autotune.mode == api.AutotuneMode.OFF:
+        spec_cond = (False, C.REASON_DISABLED_BY_USER, "speculation off")
+    else:
+        spec_cond = (False, C.REASON_SPECULATION_OFF, outcome.choice_reason)
+    existing = get_condition(conds, C.COND_SPECULATION_EFFECTIVE)
+    # The control loop writes SpeculationEffective with its numbers; keep its message while the
+    # status (on/off) agrees with the choice, so reconcile and evaluation do not fight.
+    if existing is None or (existing.status == "True") != spec_cond[0]:
+        conds = set_condition(conds, C.COND_SPECULATION_EFFECTIVE, *spec_cond, now, generation)
+
+    if outcome.apply_error is not None or (r.deadline_exceeded and not r.live):
+        phase = C.PHASE_DEGRADED
+    elif not r.exists or not r.live:
+        phase = C.PHASE_PROGRESSING
+    elif r.desired == 0:
+        phase = C.PHASE_PENDING
+    else:
+        phase = C.PHASE_SERVING
+
+    earlier = current.speculation
+    choice = outcome.choice
+    same_choice = earlier is not None and earlier.enabled == choice.enabled and earlier.k == choice.k
+    since = earlier.since if same_choice and earlier.since else rfc3339(now)
+    effective = api.EffectiveSpeculation(
+        enabled=choice.enabled,
+        method=outcome.method,
+        k=choice.k,
+        since=since,
+        reason=outcome.choice_reason,
+        config_hash=outcome.config_hash,
+        live=r.live,
+        spec_hash=declared_speculation_hash(spec),
+    )
+    return current.model_copy(
+        update={
+            "phase": phase,
+            "conditions": conds,
+            "observed_generation": generation,
+            "replicas": r.replicas if r.exists else 0,
+            "ready_replicas": r.ready if r.exists else 0,
+            "selector": outcome.selector,
+            "speculation": effective,
+        }
+    )

@@ -1,0 +1,138 @@
+"""Pure status logic: conditions that only move when they should, rollout reading, the
+speculation carried across passes through status alone."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from specdecode import api, constants as C, status as st
+from specdecode.kube import foreign_drift
+from specdecode.render import SpeculationChoice
+
+from .conftest import service_doc
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _spec(**speculation) -> api.SpecDecodeServiceSpec:
+    return api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram", **speculation}})
+
+
+def test_condition_transition_time_moves_only_on_a_flip():
+    conds = st.set_condition([], "Ready", True, "A", "one", T0, 1)
+    later = st.set_condition(conds, "Ready", True, "B", "two", T0 + timedelta(minutes=5), 2)
+    assert later[0].last_transition_time == st.rfc3339(T0)
+    assert later[0].reason == "B" and later[0].observed_generation == 2
+    flipped = st.set_condition(later, "Ready", False, "C", "three", T0 + timedelta(minutes=9), 2)
+    assert flipped[0].last_transition_time == st.rfc3339(T0 + timedelta(minutes=9))
+
+
+def _deployment(replicas=2, updated=2, available=2, ready=2, total=2, generation=3, observed=3, config="abc"):
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas, "template": {"metadata": {"labels": {C.LABEL_CONFIG_HASH: config}}}},
+        "status": {"observedGeneration": observed, "replicas": total, "updatedReplicas": updated,
+                   "availableReplicas": available, "readyReplicas": ready},
+    }
+
+
+@pytest.mark.parametrize(
+    "kwargs,live",
+    [
+        ({}, True),
+        ({"updated": 1}, False),
+        ({"available": 1}, False),
+        ({"total": 3}, False),  # an old pod still runs
+        ({"observed": 2}, False),  # the controller has not seen the new template
+        ({"config": "old"}, False),
+    ],
+)
+def test_rollout_is_live_only_when_every_replica_runs_the_rendered_config(kwargs, live):
+    assert st.rollout_state(_deployment(**kwargs), "abc").live is live
+
+
+def test_missing_deployment_is_not_live():
+    assert st.rollout_state(None, "abc") == st.RolloutState(exists=False)
+
+
+def test_choice_starts_at_the_declared_k_and_then_follows_status():
+    spec = _spec(numSpeculativeTokens=4)
+    choice, reason = st.current_choice(spec, None)
+    assert choice == SpeculationChoice(k=4) and reason == "declared in spec"
+    earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=False, reason="alpha 0.2 < floor", spec_hash=st.declared_speculation_hash(spec)))
+    assert st.current_choice(spec, earlier) == (SpeculationChoice.off(), "alpha 0.2 < floor")
+
+
+def test_a_new_declaration_restarts_from_the_declared_k():
+    old = _spec(numSpeculativeTokens=4)
+    earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=True, k=2, spec_hash=st.declared_speculation_hash(old)))
+    assert st.current_choice(_spec(numSpeculativeTokens=5), earlier)[0] == SpeculationChoice(k=5)
+
+
+def test_new_bounds_clamp_the_operators_choice():
+    spec = _spec(numSpeculativeTokens=4, minK=3, maxK=6)
+    earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=True, k=8, spec_hash=st.declared_speculation_hash(spec)))
+    choice, reason = st.current_choice(spec, earlier)
+    assert choice == SpeculationChoice(k=6) and "bounds" in reason
+
+
+def test_off_is_not_kept_when_the_user_forbids_it():
+    spec = _spec(numSpeculativeTokens=4, minK=2, allowDisable=False)
+    earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=False, spec_hash=st.declared_speculation_hash(spec)))
+    assert st.current_choice(spec, earlier)[0] == SpeculationChoice(k=2)
+
+
+def test_autotune_off_runs_what_is_declared():
+    spec = api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 4},
+                           "autotune": {"mode": "Off"}})
+    earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(enabled=False))
+    assert st.current_choice(spec, earlier)[0] == SpeculationChoice(k=4)
+
+
+def _outcome(**rollout):
+    return st.ReconcileOutcome(rollout=st.rollout_state(_deployment(**rollout), "abc"), choice=SpeculationChoice(k=3),
+                               choice_reason="declared in spec", config_hash="abc", method="ngram", selector="x=y")
+
+
+def test_serving_when_live_progressing_while_rolling():
+    spec = _spec(numSpeculativeTokens=3)
+    serving = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    assert serving.phase == C.PHASE_SERVING
+    assert st.get_condition(serving.conditions, C.COND_READY).status == "True"
+    assert st.get_condition(serving.conditions, C.COND_PROGRESSING).status == "False"
+    rolling = st.next_status(serving, _outcome(updated=1, available=1), spec, 3, T0)
+    assert rolling.phase == C.PHASE_PROGRESSING
+    assert "1/2 updated" in st.get_condition(rolling.conditions, C.COND_PROGRESSING).message
+    assert st.get_condition(rolling.conditions, C.COND_READY).status == "True"
+
+
+def test_an_unchanged_world_gives_an_identical_status():
+    spec = _spec(numSpeculativeTokens=3)
+    first = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    again = st.next_status(first, _outcome(), spec, 3, T0 + timedelta(hours=1))
+    assert again.to_wire() == first.to_wire()
+
+
+def test_invalid_spec_keeps_everything_else():
+    spec = _spec(numSpeculativeTokens=3)
+    good = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    bad = st.next_status(good, st.ReconcileOutcome(invalid_spec="spec.engine.version: nope"), None, 4, T0)
+    degraded = st.get_condition(bad.conditions, C.COND_DEGRADED)
+    assert bad.phase == C.PHASE_DEGRADED and degraded.reason == C.REASON_INVALID_SPEC
+    assert bad.speculation == good.speculation
+
+
+def test_foreign_writes_after_ours_are_drift():
+    ours = {"manager": C.FIELD_MANAGER, "operation": "Apply", "time": "2026-11-30T12:00:00Z"}
+    edit = {"manager": "kubectl-edit", "operation": "Update", "time": "2026-11-30T12:05:00Z"}
+    status = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status", "time": "2026-11-30T12:06:00Z"}
+    old_edit = {**edit, "time": "2026-11-30T11:00:00Z"}
+    assert foreign_drift({"metadata": {"managedFields": [ours, edit]}})
+    assert not foreign_drift({"metadata": {"managedFields": [ours, status]}})
+    assert not foreign_drift({"metadata": {"managedFields": [ours, old_edit]}})
