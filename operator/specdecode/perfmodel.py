@@ -79,7 +79,6 @@ OFF = 0
 """The config with speculation off (K = 0)."""
 
 _NORMAL = NormalDist()
-_Z95 = _NORMAL.inv_cdf(0.95)
 
 
 class EngineParamsError(ValueError):
@@ -465,6 +464,8 @@ class SteadyState:
     tpot_s: float
     """Mean time per output token of a request (decode time / (tokens - 1))."""
     tpot_p95_s: float
+    tpot_cv: float
+    """Coefficient of variation of a request's TPOT (lognormal)."""
     ttft_s: float
     """Mean time to first token without queueing (scheduling delay + prefill)."""
     service_s: float
@@ -639,6 +640,7 @@ def steady_state(
         step_time_s=step,
         tpot_s=tpot,
         tpot_p95_s=_lognormal_quantile(tpot, tpot_cv, 0.95),
+        tpot_cv=tpot_cv,
         ttft_s=ttft,
         service_s=service,
         service_cv=service_cv,
@@ -677,6 +679,7 @@ def _saturated_nothing(
         step_time_s=step,
         tpot_s=step / e,
         tpot_p95_s=step / e,
+        tpot_cv=0.0,
         ttft_s=math.inf,
         service_s=math.inf,
         service_cv=0.0,
@@ -837,7 +840,7 @@ def evaluate_phase(
                 capped.service_cv,
                 capped.ttft_s,
                 capped.tpot_s,
-                _tpot_cv_of(capped),
+                capped.tpot_cv,
             )
         )
         produced = mu * duration_s * out
@@ -856,7 +859,7 @@ def evaluate_phase(
                     capped.service_cv,
                     capped.ttft_s,
                     capped.tpot_s,
-                    _tpot_cv_of(capped),
+                    capped.tpot_cv,
                 )
             )
         if drain < duration_s:
@@ -869,7 +872,7 @@ def evaluate_phase(
                     steady.service_cv,
                     steady.ttft_s,
                     steady.tpot_s,
-                    _tpot_cv_of(steady),
+                    steady.tpot_cv,
                 )
             )
         produced = (mu * drain + lam * (duration_s - drain)) * out
@@ -920,17 +923,6 @@ def evaluate_phase(
         generation_tokens_per_s=produced / duration_s,
         steady=steady,
     )
-
-
-def _tpot_cv_of(state: SteadyState) -> float:
-    if state.tpot_s <= 0 or not math.isfinite(state.tpot_p95_s):
-        return 0.0
-    # Invert the lognormal P95 back to its CV (exact for the lognormal used above).
-    ratio = state.tpot_p95_s / state.tpot_s
-    # ratio = exp(z*s - s^2/2): solve s^2/2 - z*s + ln(ratio) = 0, smaller root.
-    disc = _Z95 * _Z95 - 2.0 * math.log(ratio)
-    sigma = _Z95 - math.sqrt(max(0.0, disc))
-    return math.sqrt(math.expm1(sigma * sigma))
 
 
 def _capped(
