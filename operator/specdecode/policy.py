@@ -1,0 +1,1506 @@
+"""The speculation policy: a pure, deterministic decision function.
+
+``decide(settings, state, observed, history, now) -> Decision``. No I/O, no clock, no
+randomness: time comes in as ``now``, the metrics as ``observed``, and everything the policy
+remembers comes from ``state`` (status plus the live Deployment) and ``history`` (the status's
+bounded decision history), so decisions survive an operator restart.
+
+A *config* is an integer as in `specdecode.perfmodel`: 0 is speculation off, K >= 1 is K
+drafted tokens per step.
+
+Order of the rules (the first that applies decides):
+
+1. Mode Off: hold the spec's declared K; no decisions (the handler renders the spec as is).
+2. Bounds: a current config outside the spec's bounds (the user narrowed them) moves to the
+   nearest allowed one at once.
+3. Metrics health (fail static): Prometheus unavailable, the current config's series missing
+   once they should exist, or stale beyond ``stale_after_scrapes`` scrapes -> hold with
+   ``MetricsAvailable=False``. A rollout in progress, the warm-up of a new config and an idle
+   service are holds with metrics still available: absent is not failed.
+4. Fast guards on the short (guard) window, speculation on, bypassing the cooldown:
+   - SLO guard: P95 e2e or P95 TPOT above its SLO and a smaller K (or off) predicted to meet
+     it and to score at least ``slo_guard_margin`` better: fall back now. When no config is
+     predicted to meet the SLO at the observed load the breach is overload, not speculation:
+     the guard holds (a restart would take a replica away while it is needed most) and leaves
+     it to the tuning rule, which moves to a higher-capacity config only if that repays the
+     restart.
+   - Acceptance collapse: alpha confidently below the floor on the guard window and the model
+     agrees that less speculation is better -> off (minK when disabling is not allowed).
+   - Fast fallback / probe abandonment: a smaller K or off predicted better by
+     ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
+5. Enough data: the long window must lie entirely after the current config's warm-up, with
+   ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
+6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
+   off (or minK).
+7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every probe that failed,
+   up to ``reprobe_backoff_max`` times), when the model predicts that a remembered good
+   acceptance would pay at the current load; at the best K for a slightly lower acceptance
+   (conservative).
+8. Tuning: the best config by predicted score; act only when it beats the current one by the
+   hysteresis margin at the point estimate, is no worse at every corner of the confidence box
+   (alpha +- z*sigma, request rate +- z*sigma), repays the restart within
+   ``payback_horizon_s``, and the cooldown and change budget allow it.
+
+Prediction (the performance model calibrated to the observations):
+
+* workload: the observed request rate, prompt and output tokens per request, the waiting queue
+  as an initial backlog, and the estimated acceptance (temperature is inside alpha);
+* acceptance: alpha and its decay over positions from a weighted log-linear fit of the
+  per-position rates ``alpha_i = a * d**i`` (weights = the trials at each position), so a
+  longer or shorter K is predicted without trying it; with K = 1 the decay is the prior's;
+* cost: ``scale = measured mean step time / perfmodel.step_time(prior, K, batch, context,
+  prefill)`` at the observed batch; every time cost of the prior is multiplied by it. The
+  other side (off when on, on when off) uses the scale remembered from the last window it was
+  measured in (history), else the current one;
+* each config's phase over ``prediction_horizon_s`` (queueing included) gives mean/P95 e2e,
+  TPOT and goodput; ``score(k) = min(goodput_k / best goodput, best latency / latency_k)``
+  (the benchmark's headline score); ``speedup(k) = latency(current) / latency(k)``;
+* restart price: a change restarts every replica; with ``maxSurge`` 0 each round takes
+  ``maxUnavailable`` replicas away for ``restart_s``. Price = extra request-seconds of latency
+  (and lost good tokens) while fewer replicas serve; a change must repay it within
+  ``payback_horizon_s`` through its predicted gain.
+
+Confidence: alpha's standard error is binomial over the trials times an overdispersion factor
+(tokens of one request are correlated); the request rate's relative error is
+``sqrt(overdispersion / requests)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Iterable, Mapping, Sequence
+
+from specdecode import constants, perfmodel
+from specdecode.metrics import Observation
+from specdecode.perfmodel import OFF, EngineParams, Workload
+
+
+class Mode(str, Enum):
+    """What the operator does with its decisions (spec.autotune.mode)."""
+
+    AUTO = "Auto"
+    RECOMMEND = "Recommend"
+    OFF = "Off"
+
+
+class Action(str, Enum):
+    """What a decision does."""
+
+    HOLD = "hold"
+    SET_K = "set_k"
+    DISABLE = "disable"
+    ENABLE = "enable"
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyTuning:
+    """Internal constants of the policy (not API fields); each documented with its reason."""
+
+    min_gain: float = 0.05
+    """Hysteresis: a tuning move needs a predicted score at least 5% above the current one."""
+    slo_guard_margin: float = 0.03
+    """The SLO guard's fallback must score at least 3% better (it must also meet the SLO)."""
+    fast_fallback_margin: float = 0.25
+    """On the short window, reduce speculation at once only for a large predicted gain."""
+    probe_abandon_margin: float = 0.02
+    """A re-probe that does not pay is abandoned on its first short window."""
+    confidence_z: float = 2.0
+    """Width of the confidence box, in standard errors."""
+    overdispersion: float = 4.0
+    """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
+    payback_horizon_s: float = 1800.0
+    """A change must repay its restart price within this time."""
+    prediction_horizon_s: float = perfmodel.DEFAULT_HORIZON_S
+    """Phase length the performance model evaluates each config over (queue growth counts)."""
+    stale_after_scrapes: float = 4.0
+    """Newest sample older than this many scrape intervals: metrics are stale."""
+    missing_grace_scrapes: float = 3.0
+    """A live config without series after this many scrapes past its warm-up: missing."""
+    reprobe_backoff_max: int = 8
+    """The re-probe interval doubles after each failed probe, up to this factor."""
+    default_probe_alpha: float = 0.6
+    """Acceptance assumed for a re-probe when history remembers no better one."""
+    probe_alpha_discount: float = 0.05
+    """A probe's K is the best K for the remembered acceptance minus this (conservative)."""
+    min_position_trials: float = 200.0
+    """Per-position rates with fewer trials are left out of the decay fit."""
+    decay_bounds: tuple[float, float] = (0.5, 1.0)
+    """Clamp of the fitted acceptance decay over positions."""
+    scale_bounds: tuple[float, float] = (0.2, 5.0)
+    """Clamp of the measured/prior step-time scale (outside: the prior is badly off)."""
+    reserved_guard_changes: int = 1
+    """Changes per hour kept for fallbacks: tuning moves stop one short of the budget."""
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The user's intent (spec) in the policy's units: seconds, floats, a prior cost model."""
+
+    mode: Mode = Mode.AUTO
+    method: str = "draft_model"
+    configured_k: int = 3
+    """spec.speculation.numSpeculativeTokens: what Off mode runs."""
+    min_k: int = 1
+    max_k: int = 8
+    allow_disable: bool = True
+    evaluation_interval_s: float = 60.0
+    window_s: float = 300.0
+    guard_window_s: float = 75.0
+    """The short window of the fast guards (`metrics.guard_window`)."""
+    warmup_s: float = 120.0
+    min_drafts: int = 2000
+    """Drafted tokens the long window needs (scaled down for the guard window)."""
+    min_requests: int = 20
+    acceptance_floor: float = 0.35
+    slo_e2e_s: float | None = None
+    slo_tpot_s: float | None = None
+    cooldown_s: float = 600.0
+    max_changes_per_hour: int = 4
+    reprobe_interval_s: float = 1800.0
+    replicas: int = 1
+    max_surge: int = 0
+    max_unavailable: int = 1
+    restart_s: float = 180.0
+    """Time a restarted replica serves nothing (model load): the restart price's duration."""
+    scrape_interval_s: float = 15.0
+    prior: EngineParams | None = None
+    """Prior costs of the engine; default: `EngineParams.for_method(method)`."""
+    tuning: PolicyTuning = field(default_factory=PolicyTuning)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_k <= self.max_k:
+            raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}..{self.max_k}")
+        for name in ("window_s", "guard_window_s", "evaluation_interval_s", "scrape_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def configs(self) -> tuple[int, ...]:
+        """Configs the policy may choose: off (when allowed) then minK..maxK."""
+        ks = tuple(range(self.min_k, self.max_k + 1))
+        return ((OFF,) + ks) if self.allow_disable else ks
+
+    def prior_params(self) -> EngineParams:
+        """The prior cost model within the spec's bounds (unknown methods: a draft model's)."""
+        if self.prior is not None:
+            base = self.prior
+        elif self.method in perfmodel.METHODS:
+            base = EngineParams.for_method(self.method)
+        else:
+            base = EngineParams.for_method("draft_model")
+        return replace(base, min_k=self.min_k, max_k=self.max_k, replicas=max(1, self.replicas))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Any,
+        *,
+        restart_s: float = 180.0,
+        prior: EngineParams | None = None,
+        tuning: PolicyTuning | None = None,
+    ) -> "PolicySettings":
+        """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
+        from specdecode import api, metrics
+
+        auto, spec_k = spec.autotune, spec.speculation
+        window = api.parse_duration(auto.window)
+        scrape = api.parse_duration(spec.metrics.scrape_interval)
+        method = spec_k.method.value if hasattr(spec_k.method, "value") else str(spec_k.method)
+        slo = auto.slo
+        return cls(
+            mode=Mode(auto.mode.value if hasattr(auto.mode, "value") else auto.mode),
+            method=method,
+            configured_k=spec_k.num_speculative_tokens,
+            min_k=spec_k.min_k,
+            max_k=spec_k.max_k,
+            allow_disable=spec_k.allow_disable,
+            evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
+            window_s=window,
+            guard_window_s=metrics.guard_window(window, scrape),
+            warmup_s=api.parse_duration(auto.warmup),
+            min_drafts=auto.min_drafts,
+            min_requests=auto.min_requests,
+            acceptance_floor=auto.acceptance_floor,
+            slo_e2e_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
+            slo_tpot_s=(
+                api.parse_duration(slo.p95_time_per_output_token)
+                if slo.p95_time_per_output_token
+                else None
+            ),
+            cooldown_s=api.parse_duration(auto.cooldown),
+            max_changes_per_hour=auto.max_changes_per_hour,
+            reprobe_interval_s=api.parse_duration(auto.reprobe_interval),
+            replicas=spec.replicas,
+            max_surge=spec.rollout.max_surge,
+            max_unavailable=spec.rollout.max_unavailable,
+            restart_s=restart_s,
+            scrape_interval_s=scrape,
+            prior=prior,
+            tuning=tuning or PolicyTuning(),
+        )
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The current speculation, derived from status.speculation and the live Deployment."""
+
+    enabled: bool
+    k: int | None
+    """K in use; None when speculation is off."""
+    since: float
+    """When the current config was chosen (status.speculation.since), seconds since epoch."""
+    live_since: float | None
+    """When every replica ran the current config and was Ready; None while rolling out."""
+    ready_replicas: int = 1
+    excluded_ks: frozenset[int] = frozenset()
+    """Configs whose pods failed to start (status.failedConfigs): never chosen again."""
+
+    @property
+    def config(self) -> int:
+        """The current config as perfmodel counts it: 0 off, else K."""
+        return self.k if (self.enabled and self.k) else OFF
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One decision of status.history (newest last). camelCase only in `to_status`."""
+
+    time: float
+    action: Action
+    from_k: int | None
+    to_k: int | None
+    reason: str = ""
+    applied: bool = True
+    alpha: float | None = None
+    """Acceptance measured on the config being left (memory for re-probes)."""
+    step_scale: float | None = None
+    """Measured/prior step time of the config being left (calibration memory)."""
+
+    @property
+    def from_config(self) -> int:
+        return self.from_k or OFF
+
+    @property
+    def to_config(self) -> int:
+        return self.to_k or OFF
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": format_time(self.time),
+            "action": self.action.value,
+            "applied": self.applied,
+            "reason": self.reason[:1024],
+        }
+        if self.from_k is not None:
+            out["fromK"] = self.from_k
+        if self.to_k is not None:
+            out["toK"] = self.to_k
+        if self.alpha is not None:
+            out["alpha"] = round(self.alpha, 4)
+        if self.step_scale is not None:
+            out["stepScale"] = round(self.step_scale, 4)
+        return out
+
+    @classmethod
+    def from_status(cls, record: Mapping[str, Any]) -> "HistoryEntry":
+        """Parse one status.history record (camelCase wire form)."""
+        return cls(
+            time=parse_time(record["time"]),
+            action=Action(record["action"]) if record["action"] in _ACTIONS else Action.SET_K,
+            from_k=record.get("fromK"),
+            to_k=record.get("toK"),
+            reason=record.get("reason", ""),
+            applied=bool(record.get("applied", True)),
+            alpha=record.get("alpha"),
+            step_scale=record.get("stepScale"),
+        )
+
+
+_ACTIONS = {a.value for a in Action}
+
+
+def history_from_status(records: Iterable[Mapping[str, Any]]) -> tuple[HistoryEntry, ...]:
+    """status.history as entries, oldest first."""
+    return tuple(sorted((HistoryEntry.from_status(r) for r in records), key=lambda e: e.time))
+
+
+@dataclass(frozen=True)
+class PolicyObservations:
+    """What the metrics reader saw for the current config, or why it saw nothing."""
+
+    available: bool
+    window: Observation | None = None
+    """The long (tuning) window of the current config hash."""
+    guard: Observation | None = None
+    """The short (guard) window of the current config hash."""
+    reason: str = constants.REASON_METRICS_OK
+    message: str = ""
+
+    @classmethod
+    def unavailable(cls, message: str, reason: str = constants.REASON_METRICS_MISSING) -> "PolicyObservations":
+        return cls(False, None, None, reason, message)
+
+    @classmethod
+    def of(cls, window: Observation | None, guard: Observation | None) -> "PolicyObservations":
+        return cls(True, window, guard)
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigPrediction:
+    """The calibrated model's view of one config at the observed load."""
+
+    k: int
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    goodput_tokens_per_s: float
+    capacity_rps: float
+    score: float
+    """min(goodput / best goodput, best latency / latency): 1.0 is the best config."""
+    speedup: float
+    """Mean e2e latency of the current config / this config's (> 1: faster)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do, why, and what the status conditions should say."""
+
+    action: Action
+    enabled: bool
+    k: int | None
+    reason: str
+    rule: str
+    """Which rule decided: mode-off, bounds, metrics, rollout, warmup, idle, samples,
+    slo-guard, collapse, fast-fallback, probe-abandon, floor, reprobe, tune, hold."""
+    applied: bool
+    """True when the operator acts on it (Auto mode and a change)."""
+    metrics_available: bool
+    metrics_reason: str
+    metrics_message: str
+    speculation_effective: bool | None
+    effective_reason: str
+    effective_message: str
+    predictions: tuple[ConfigPrediction, ...] = ()
+    alpha: float | None = None
+    step_scale: float | None = None
+
+    @property
+    def config(self) -> int:
+        return self.k if (self.enabled and self.k) else OFF
+
+    @property
+    def changes(self) -> bool:
+        return self.action is not Action.HOLD
+
+    def predicted_speedup(self) -> float | None:
+        """Predicted speed of the decided config relative to the current one."""
+        for p in self.predictions:
+            if p.k == self.config:
+                return p.speedup
+        return None
+
+    def history_entry(self, now: float, state: PolicyState) -> HistoryEntry | None:
+        """The history record of this decision (None for holds)."""
+        if not self.changes:
+            return None
+        return HistoryEntry(
+            time=now,
+            action=self.action,
+            from_k=state.k if state.enabled else None,
+            to_k=self.k if self.enabled else None,
+            reason=self.reason,
+            applied=self.applied,
+            alpha=self.alpha if state.enabled else None,
+            step_scale=self.step_scale,
+        )
+
+    def recommendation_status(self, now: float) -> dict[str, Any]:
+        """status.recommendation (camelCase)."""
+        out: dict[str, Any] = {
+            "action": self.action.value,
+            "enabled": self.enabled,
+            "reason": self.reason[:2048],
+            "at": format_time(now),
+        }
+        if self.enabled and self.k is not None:
+            out["k"] = self.k
+        speedup = self.predicted_speedup()
+        if speedup is not None and math.isfinite(speedup):
+            out["predictedSpeedup"] = round(speedup, 3)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Time helpers (pure)
+# --------------------------------------------------------------------------------------------
+
+
+def format_time(epoch_s: float) -> str:
+    """RFC 3339 UTC, second precision (what Kubernetes status timestamps use)."""
+    return datetime.fromtimestamp(epoch_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> float:
+    """Seconds since the epoch from an RFC 3339 timestamp."""
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    return value.timestamp()
+
+
+# --------------------------------------------------------------------------------------------
+# Estimation and prediction (pure)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The load and acceptance one window implies, with their uncertainty."""
+
+    window_s: float
+    requests: float
+    request_rate: float
+    rate_rel_stderr: float
+    prompt_tokens: float
+    output_tokens: float
+    waiting: float
+    batch_per_replica: float | None
+    step_time_s: float | None
+    alpha: float | None
+    """Acceptance of position 0 in the model's form alpha * decay**i (None: speculation off)."""
+    alpha_pooled: float | None
+    """Pooled MLE over positions (what status and the floor use)."""
+    alpha_stderr: float | None
+    decay: float | None
+    draft_tokens: float
+    e2e_p95_s: float | None
+    tpot_p95_s: float | None
+
+
+_DEFAULT_PROMPT_TOKENS = 1000.0
+_DEFAULT_OUTPUT_TOKENS = 300.0
+
+
+def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
+    """Load, acceptance and their uncertainty from one observation window."""
+    requests = obs.requests
+    rel = math.sqrt(tuning.overdispersion / requests) if requests > 0 else math.inf
+    prompt = obs.prompt_tokens_per_request or _DEFAULT_PROMPT_TOKENS
+    output = obs.output_tokens_per_request or _DEFAULT_OUTPUT_TOKENS
+    alpha = pooled = stderr = decay = None
+    draft_tokens = 0.0
+    spec = obs.speculation
+    if spec is not None:
+        draft_tokens = spec.draft_tokens
+    if spec is not None and spec.alpha is not None:
+        pooled = spec.alpha
+        stderr = math.sqrt(
+            max(pooled * (1 - pooled), 1e-4) * tuning.overdispersion / max(spec.alpha_trials, 1.0)
+        )
+        alpha, decay = fit_acceptance(spec.drafts, spec.accepted_per_position, tuning)
+        if alpha is None:
+            alpha = pooled
+    return Estimate(
+        window_s=obs.window_s,
+        requests=requests,
+        request_rate=obs.request_rate,
+        rate_rel_stderr=rel,
+        prompt_tokens=max(1.0, prompt),
+        output_tokens=max(1.0, output),
+        waiting=max(0.0, obs.waiting or 0.0),
+        batch_per_replica=obs.batch_per_pod,
+        step_time_s=obs.step_time_mean_s,
+        alpha=alpha,
+        alpha_pooled=pooled,
+        alpha_stderr=stderr,
+        decay=decay,
+        draft_tokens=draft_tokens,
+        e2e_p95_s=obs.e2e_p95_s,
+        tpot_p95_s=obs.tpot_p95_s,
+    )
+
+
+def fit_acceptance(
+    drafts: float, accepted_per_position: Sequence[float], tuning: PolicyTuning = PolicyTuning()
+) -> tuple[float | None, float | None]:
+    """(alpha, decay) of ``P(i accepted | i-1 accepted) = alpha * decay**i``.
+
+    Weighted least squares of ``log(rate_i)`` on ``i`` with the trials of each position as
+    weights; positions with fewer than ``min_position_trials`` trials are left out. With a
+    single usable position the decay is unknown (None) and alpha is that position's rate.
+    """
+    points: list[tuple[int, float, float]] = []
+    previous = drafts
+    for i, accepted in enumerate(accepted_per_position):
+        if previous >= tuning.min_position_trials and accepted > 0:
+            rate = min(1.0, accepted / previous)
+            points.append((i, math.log(rate), previous))
+        previous = accepted
+    if not points:
+        return None, None
+    if len(points) == 1:
+        return math.exp(points[0][1]), None
+    total = sum(w for _, _, w in points)
+    mean_x = sum(w * x for x, _, w in points) / total
+    mean_y = sum(w * y for _, y, w in points) / total
+    sxx = sum(w * (x - mean_x) ** 2 for x, _, w in points)
+    sxy = sum(w * (x - mean_x) * (y - mean_y) for x, y, w in points)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    lo, hi = tuning.decay_bounds
+    decay = min(hi, max(lo, math.exp(slope)))
+    # Refit the intercept with the clamped slope so the fit stays consistent.
+    intercept = mean_y - math.log(decay) * mean_x
+    return min(0.999, math.exp(intercept)), decay
+
+
+def step_scale(params: EngineParams, k: int, est: Estimate) -> float | None:
+    """Measured mean step time / the prior's step time at the observed batch (None: unknown)."""
+    if est.step_time_s is None or est.batch_per_replica is None or est.batch_per_replica <= 0:
+        return None
+    replicas = max(1, params.replicas)
+    context = est.prompt_tokens + est.output_tokens / 2.0
+    prefill = est.request_rate / replicas * est.prompt_tokens * est.step_time_s
+    model = perfmodel.step_time(params, k, est.batch_per_replica, context, prefill)
+    if model <= 0:
+        return None
+    return est.step_time_s / model
+
+
+def scaled_params(params: EngineParams, scale: float, decay: float | None) -> EngineParams:
+    """The prior with every time cost multiplied by ``scale`` (and the fitted decay), both
+    rounded to 1% / 0.01 (their noise is larger)."""
+    scale = _round_rel(scale, 0.01)
+    if decay is not None:
+        decay = round(decay, 2)
+    return replace(
+        params,
+        step_fixed_s=params.step_fixed_s * scale,
+        per_batched_token_s=params.per_batched_token_s * scale,
+        per_kv_token_s=params.per_kv_token_s * scale,
+        step_overhead_s=params.step_overhead_s * scale,
+        spec_overhead_s=params.spec_overhead_s * scale,
+        proposer_cpu_s_per_seq=params.proposer_cpu_s_per_seq * scale,
+        acceptance_decay=decay if decay is not None else params.acceptance_decay,
+    )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrated model: params for configs with speculation off and on."""
+
+    off: EngineParams
+    on: EngineParams
+    scale_now: float | None
+    """Scale measured on the current config in this window."""
+
+    def params_for(self, k: int) -> EngineParams:
+        return self.off if k == OFF else self.on
+
+
+def _round_rel(value: float, step: float) -> float:
+    """``value`` rounded to a relative resolution (``step`` = 0.01: 1%)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    exponent = round(math.log(value) / math.log1p(step))
+    return math.exp(exponent * math.log1p(step))
+
+
+def _workload(est: Estimate, alpha: float | None, rate_factor: float = 1.0) -> Workload:
+    """The model's workload from an estimate, rounded to the estimate's resolution (1% for
+    rates and token counts, 0.005 for alpha): far below the measurement noise, and it lets
+    `_phase` reuse evaluations."""
+    return Workload(
+        request_rate=_round_rel(max(0.0, est.request_rate * rate_factor), 0.01),
+        prompt_tokens=max(1.0, _round_rel(est.prompt_tokens, 0.01)),
+        output_tokens=max(1.0, _round_rel(est.output_tokens, 0.01)),
+        temperature=0.0,
+        acceptance=round(min(0.995, max(0.0, alpha if alpha is not None else 0.0)) * 200) / 200,
+    )
+
+
+@functools.lru_cache(maxsize=8192)
+def _phase(
+    params: EngineParams,
+    workload: Workload,
+    k: int,
+    horizon_s: float,
+    initial_queue: float,
+    replicas: int,
+    slo_e2e_s: float | None,
+    slo_tpot_s: float | None,
+) -> perfmodel.PhaseResult:
+    """`perfmodel.evaluate_phase`, memoized (pure, so caching changes no result)."""
+    return perfmodel.evaluate_phase(
+        params, workload, k, horizon_s, initial_queue, replicas, slo_e2e_s, slo_tpot_s
+    )
+
+
+def predict(
+    calibration: Calibration,
+    est: Estimate,
+    ks: Iterable[int],
+    current: int,
+    settings: PolicySettings,
+    alpha: float | None = None,
+    rate_factor: float = 1.0,
+) -> dict[int, ConfigPrediction]:
+    """Each config's predicted latency, goodput, score and speedup at the observed load."""
+    alpha = est.alpha if alpha is None else alpha
+    workload = _workload(est, alpha, rate_factor)
+    ks = sorted(set(ks) | {current})
+    replicas = calibration.on.replicas
+    backlog = round(est.waiting, 1)
+    results = {
+        k: _phase(
+            calibration.params_for(k),
+            workload,
+            k,
+            settings.tuning.prediction_horizon_s,
+            backlog,
+            replicas,
+            settings.slo_e2e_s,
+            settings.slo_tpot_s,
+        )
+        for k in ks
+    }
+    best_goodput = max(r.goodput_tokens_per_s for r in results.values())
+    best_latency = min(r.e2e_mean_s for r in results.values())
+    current_latency = results[current].e2e_mean_s
+    out: dict[int, ConfigPrediction] = {}
+    for k, r in results.items():
+        good = r.goodput_tokens_per_s / best_goodput if best_goodput > 0 else 1.0
+        fast = best_latency / r.e2e_mean_s if math.isfinite(r.e2e_mean_s) and r.e2e_mean_s > 0 else 0.0
+        speed = (
+            current_latency / r.e2e_mean_s
+            if math.isfinite(r.e2e_mean_s) and r.e2e_mean_s > 0
+            else 0.0
+        )
+        if not math.isfinite(current_latency) and not math.isfinite(r.e2e_mean_s):
+            speed = 1.0
+        elif not math.isfinite(current_latency):
+            speed = math.inf
+        out[k] = ConfigPrediction(
+            k=k,
+            e2e_mean_s=r.e2e_mean_s,
+            e2e_p95_s=r.e2e_p95_s,
+            tpot_mean_s=r.tpot_mean_s,
+            tpot_p95_s=r.tpot_p95_s,
+            goodput_tokens_per_s=r.goodput_tokens_per_s,
+            capacity_rps=r.steady.capacity_rps,
+            score=min(good, fast),
+            speedup=speed,
+        )
+    return out
+
+
+def restart_price(
+    calibration: Calibration, est: Estimate, current: int, settings: PolicySettings
+) -> tuple[float, float, float]:
+    """(latency price in request-seconds, lost good tokens, rollout duration in seconds).
+
+    A change restarts every replica. With maxSurge >= 1 new pods start before old ones stop
+    and capacity is kept (price 0). With maxSurge 0, rounds of maxUnavailable replicas each
+    serve nothing for ``restart_s`` while the others carry the load at the current config.
+    """
+    replicas = max(1, calibration.on.replicas)
+    if settings.max_surge >= 1:
+        return 0.0, 0.0, settings.restart_s
+    down = max(1, min(settings.max_unavailable, replicas))
+    rounds = math.ceil(replicas / down)
+    duration = rounds * settings.restart_s
+    if duration <= 0 or est.request_rate <= 0:
+        return 0.0, 0.0, duration
+    params = calibration.params_for(current)
+    workload = _workload(est, est.alpha)
+    backlog = round(est.waiting, 1)
+    normal = _phase(
+        params, workload, current, duration, backlog, replicas,
+        settings.slo_e2e_s, settings.slo_tpot_s,
+    )
+    if replicas - down <= 0:
+        # An outage: requests wait for the restart (half of it on average) on top.
+        extra_latency = settings.restart_s / 2.0
+        lost_good = normal.goodput_tokens_per_s * duration
+    else:
+        reduced = _phase(
+            params, workload, current, settings.restart_s, backlog, replicas - down,
+            settings.slo_e2e_s, settings.slo_tpot_s,
+        )
+        extra_latency = max(0.0, reduced.e2e_mean_s - normal.e2e_mean_s)
+        if not math.isfinite(extra_latency):
+            extra_latency = settings.restart_s / 2.0
+        lost_good = max(0.0, normal.goodput_tokens_per_s - reduced.goodput_tokens_per_s) * duration
+    return est.request_rate * duration * extra_latency, lost_good, duration
+
+
+def repays(
+    current: ConfigPrediction,
+    candidate: ConfigPrediction,
+    price: tuple[float, float, float],
+    request_rate: float,
+    horizon_s: float,
+) -> tuple[bool, float]:
+    """Whether the candidate's predicted gain repays the restart price within the horizon.
+
+    Returns (repays, payback seconds). Gains count in request-seconds of latency saved and in
+    good tokens won; either paying back suffices.
+    """
+    latency_price, good_price, _ = price
+    latency_gain = request_rate * _finite_gap(current.e2e_mean_s, candidate.e2e_mean_s)
+    good_gain = candidate.goodput_tokens_per_s - current.goodput_tokens_per_s
+    paybacks = []
+    if latency_gain > 0:
+        paybacks.append(latency_price / latency_gain)
+    if good_gain > 0:
+        paybacks.append(good_price / good_gain)
+    if not paybacks:
+        return False, math.inf
+    payback = min(paybacks)
+    return payback <= horizon_s, payback
+
+
+def _finite_gap(a: float, b: float) -> float:
+    if math.isinf(a) and math.isinf(b):
+        return 0.0
+    if math.isinf(a):
+        return 1e9
+    if math.isinf(b):
+        return -1e9
+    return a - b
+
+
+# --------------------------------------------------------------------------------------------
+# Memory from history (pure)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What history remembers: changes, probes, acceptance and calibration of either side."""
+
+    last_change_at: float | None
+    changes_last_hour: int
+    in_probe: bool
+    failed_probes: int
+    best_alpha: float | None
+    scale_off: float | None
+    scale_on: float | None
+
+
+def remember(history: Sequence[HistoryEntry], state: PolicyState, now: float) -> Memory:
+    applied = [e for e in history if e.applied]
+    last = applied[-1] if applied else None
+    last_change = max(last.time, state.since) if last is not None else state.since
+    recent = sum(1 for e in applied if now - 3600.0 < e.time <= now)
+    in_probe = (
+        last is not None
+        and state.enabled
+        and last.action is Action.ENABLE
+        and last.to_k == state.k
+    )
+    failed = 0
+    i = len(applied) - 1
+    while i >= 1 and applied[i].action is Action.DISABLE and applied[i - 1].action is Action.ENABLE:
+        failed += 1
+        i -= 2
+    alphas = [e.alpha for e in applied if e.alpha is not None]
+    scale_off = next(
+        (e.step_scale for e in reversed(applied) if e.step_scale is not None and e.from_config == OFF),
+        None,
+    )
+    scale_on = next(
+        (e.step_scale for e in reversed(applied) if e.step_scale is not None and e.from_config != OFF),
+        None,
+    )
+    return Memory(
+        last_change_at=last_change,
+        changes_last_hour=recent,
+        in_probe=in_probe,
+        failed_probes=failed,
+        best_alpha=max(alphas) if alphas else None,
+        scale_off=scale_off,
+        scale_on=scale_on,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The decision
+# --------------------------------------------------------------------------------------------
+
+
+def _label(k: int | None) -> str:
+    return "off" if not k else f"K={k}"
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "inf"
+    if seconds < 1:
+        return f"{seconds * 1000:.1f}ms"
+    if seconds < 120:
+        return f"{seconds:.2f}s"
+    return f"{seconds / 60:.1f}min"
+
+
+def _fmt_x(value: float) -> str:
+    return "inf" if not math.isfinite(value) else f"{value:.2f}x"
+
+
+def _summary(preds: Mapping[int, ConfigPrediction], first: Iterable[int]) -> str:
+    """'off 1.00x, K=3 0.82x' for the named configs (speedups vs the current config)."""
+    seen: list[int] = []
+    for k in first:
+        if k in preds and k not in seen:
+            seen.append(k)
+    return ", ".join(f"{_label(k)} {_fmt_x(preds[k].speedup)}" for k in seen)
+
+
+@dataclass(frozen=True)
+class _Context:
+    settings: PolicySettings
+    state: PolicyState
+    now: float
+    memory: Memory
+    observed: PolicyObservations
+
+    @property
+    def tuning(self) -> PolicyTuning:
+        return self.settings.tuning
+
+    @property
+    def current(self) -> int:
+        return self.state.config
+
+    @property
+    def acting(self) -> bool:
+        return self.settings.mode is Mode.AUTO
+
+    @property
+    def in_probe_trial(self) -> bool:
+        """A re-probe whose first full window after warm-up is not over yet."""
+        live = self.state.live_since
+        if not self.memory.in_probe or live is None:
+            return False
+        return self.now < live + self.settings.warmup_s + self.settings.window_s
+
+    def allowed(self) -> tuple[int, ...]:
+        return tuple(k for k in self.settings.configs() if k not in self.state.excluded_ks or k == OFF)
+
+
+def decide(
+    settings: PolicySettings,
+    state: PolicyState,
+    observed: PolicyObservations,
+    history: Sequence[HistoryEntry],
+    now: float,
+) -> Decision:
+    """The policy. Pure and deterministic: same inputs, same decision."""
+    ctx = _Context(settings, state, now, remember(history, state, now), observed)
+    return _decide(ctx)
+
+
+def _decide(ctx: _Context) -> Decision:
+    s, state = ctx.settings, ctx.state
+    if s.mode is Mode.OFF:
+        return _make(
+            ctx,
+            Action.HOLD,
+            s.configured_k,
+            "mode-off",
+            f"autotune mode Off: running numSpeculativeTokens={s.configured_k} as declared; "
+            "no decisions",
+            metrics=_metrics_flags(ctx),
+            applied=False,
+        )
+
+    bounded = _bounds_rule(ctx)
+    if bounded is not None:
+        return bounded
+
+    health = _health(ctx)
+    if health is not None:
+        return health
+
+    obs_long, obs_guard = ctx.observed.window, ctx.observed.guard
+    ready_at = state.live_since + s.warmup_s  # type: ignore[operator]
+    guard_ready = ctx.now >= ready_at + s.guard_window_s
+    long_ready = ctx.now >= ready_at + s.window_s
+    flags = _metrics_flags(ctx)
+
+    # --- fast guards (short window; bypass the cooldown) ---
+    if state.enabled and guard_ready and obs_guard is not None:
+        guard_decision = _guards(ctx, obs_guard, flags)
+        if guard_decision is not None:
+            return guard_decision
+
+    if not long_ready:
+        left = ready_at + s.window_s - ctx.now
+        return _make(
+            ctx, Action.HOLD, state.k, "warmup",
+            f"collecting the first full {_fmt_s(s.window_s)} window of {_label(ctx.current)} "
+            f"after its warm-up ({_fmt_s(left)} left)",
+            metrics=flags,
+        )
+    if obs_long is None or obs_long.idle:
+        return _make(
+            ctx, Action.HOLD, state.k, "idle",
+            f"no finished requests in the last {_fmt_s(s.window_s)}: nothing to judge "
+            f"(idle is not a failure)",
+            metrics=flags,
+        )
+    est = estimate(obs_long, ctx.tuning)
+    samples = _samples_hold(ctx, est, 1.0, flags)
+    if samples is not None:
+        return samples
+
+    calibration, scale = _calibrate(ctx, est)
+    ks = ctx.allowed()
+
+    # --- acceptance floor on the long window (the user's hard rule) ---
+    if state.enabled and est.alpha_pooled is not None and est.alpha_stderr is not None:
+        upper = est.alpha_pooled + ctx.tuning.confidence_z * est.alpha_stderr
+        if upper < s.acceptance_floor:
+            preds = predict(calibration, est, ks, ctx.current, s)
+            target = OFF if s.allow_disable else s.min_k
+            if target != ctx.current:
+                reason = (
+                    f"alpha {est.alpha_pooled:.2f} < floor {s.acceptance_floor:.2f} over "
+                    f"{est.draft_tokens:.0f} drafted tokens ({_fmt_s(s.window_s)} window); "
+                    f"predicted {_summary(preds, (target, ctx.current))}"
+                )
+                return _change(ctx, target, "floor", reason, preds, flags, est, scale, guard=True)
+
+    if not state.enabled:
+        return _reprobe(ctx, est, calibration, scale, flags)
+
+    return _tune(ctx, est, calibration, scale, flags)
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+def _bounds_rule(ctx: _Context) -> Decision | None:
+    s, state = ctx.settings, ctx.state
+    if state.enabled and state.k is not None and not s.min_k <= state.k <= s.max_k:
+        target = min(s.max_k, max(s.min_k, state.k))
+        return _change(
+            ctx, target, "bounds",
+            f"K={state.k} is outside the spec's bounds [{s.min_k}, {s.max_k}]: moving to K={target}",
+            (), _metrics_flags(ctx), None, None, guard=True,
+        )
+    if not state.enabled and not s.allow_disable:
+        target = min(s.max_k, max(s.min_k, s.configured_k))
+        return _change(
+            ctx, target, "bounds",
+            f"speculation is off but allowDisable is false: enabling at K={target}",
+            (), _metrics_flags(ctx), None, None, guard=True,
+        )
+    return None
+
+
+def _metrics_flags(ctx: _Context) -> tuple[bool, str, str]:
+    """(MetricsAvailable, reason, message) for the current observations."""
+    observed = ctx.observed
+    if not observed.available:
+        return False, observed.reason, observed.message
+    obs = observed.guard or observed.window
+    if obs is None:
+        return True, constants.REASON_METRICS_OK, "no series yet for the current config"
+    stale = _stale(ctx, obs)
+    if stale is not None:
+        return False, constants.REASON_METRICS_STALE, stale
+    return True, constants.REASON_METRICS_OK, f"newest sample {_fmt_s(obs.staleness_s)} old"
+
+
+def _stale(ctx: _Context, obs: Observation) -> str | None:
+    limit = ctx.tuning.stale_after_scrapes * ctx.settings.scrape_interval_s
+    if obs.staleness_s is None:
+        return "no fresh sample of the current config (its pods are not scraped)"
+    if obs.staleness_s > limit:
+        return f"newest sample is {_fmt_s(obs.staleness_s)} old (limit {_fmt_s(limit)})"
+    return None
+
+
+def _health(ctx: _Context) -> Decision | None:
+    s, state, observed = ctx.settings, ctx.state, ctx.observed
+    flags = _metrics_flags(ctx)
+    if not observed.available:
+        return _make(
+            ctx, Action.HOLD, state.k, "metrics",
+            f"holding {_label(ctx.current)}: metrics unavailable ({observed.message})",
+            metrics=flags,
+        )
+    if state.live_since is None:
+        return _make(
+            ctx, Action.HOLD, state.k, "rollout",
+            f"rollout of {_label(ctx.current)} in progress: waiting for every replica to be Ready",
+            metrics=flags,
+        )
+    ready_at = state.live_since + s.warmup_s
+    if ctx.now < ready_at:
+        return _make(
+            ctx, Action.HOLD, state.k, "warmup",
+            f"{_label(ctx.current)} warming up ({_fmt_s(ready_at - ctx.now)} left): its metrics "
+            "do not count yet",
+            metrics=flags,
+        )
+    if observed.window is None and observed.guard is None:
+        grace = ctx.tuning.missing_grace_scrapes * s.scrape_interval_s
+        if ctx.now >= ready_at + grace:
+            message = (
+                f"no series of the current config for {_fmt_s(ctx.now - state.live_since)} "
+                "since it went live (is the PodMonitor scraping the pods?)"
+            )
+            return _make(
+                ctx, Action.HOLD, state.k, "metrics",
+                f"holding {_label(ctx.current)}: {message}",
+                metrics=(False, constants.REASON_METRICS_MISSING, message),
+            )
+        return _make(
+            ctx, Action.HOLD, state.k, "warmup",
+            f"waiting for the first scrapes of {_label(ctx.current)}", metrics=flags,
+        )
+    if not flags[0]:
+        return _make(
+            ctx, Action.HOLD, state.k, "metrics",
+            f"holding {_label(ctx.current)}: {flags[2]}", metrics=flags,
+        )
+    return None
+
+
+def _samples_hold(
+    ctx: _Context, est: Estimate, fraction: float, flags: tuple[bool, str, str]
+) -> Decision | None:
+    """Hold when a window has too few requests or (speculation on) drafted tokens.
+
+    ``fraction`` scales the minimums for a window shorter than the tuning window.
+    """
+    s = ctx.settings
+    min_requests = max(3.0, s.min_requests * fraction)
+    min_drafts = max(50.0, s.min_drafts * fraction)
+    missing = []
+    if est.requests < min_requests:
+        missing.append(f"{est.requests:.0f} requests < {min_requests:.0f}")
+    if ctx.state.enabled and est.draft_tokens < min_drafts:
+        missing.append(f"{est.draft_tokens:.0f} drafted tokens < {min_drafts:.0f}")
+    if ctx.state.enabled and est.alpha is None and est.draft_tokens >= min_drafts:
+        missing.append("no per-position acceptance series")
+    if not missing:
+        return None
+    return _make(
+        ctx, Action.HOLD, ctx.state.k, "samples",
+        f"not enough samples in {_fmt_s(est.window_s)}: {', '.join(missing)}",
+        metrics=flags,
+    )
+
+
+def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]:
+    prior = ctx.settings.prior_params()
+    lo, hi = ctx.tuning.scale_bounds
+    measured = step_scale(prior, ctx.current, est)
+    scale_now = None if measured is None else min(hi, max(lo, measured))
+    base = scale_now if scale_now is not None else 1.0
+    if ctx.state.enabled:
+        on_scale = base
+        off_scale = ctx.memory.scale_off if ctx.memory.scale_off is not None else base
+    else:
+        off_scale = base
+        on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
+    decay = est.decay
+    calibration = Calibration(
+        off=scaled_params(prior, off_scale, decay),
+        on=scaled_params(prior, on_scale, decay),
+        scale_now=scale_now,
+    )
+    return calibration, scale_now
+
+
+def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bool:
+    """Whether the short window differs from the long one beyond their noise (a change in
+    acceptance or load the long window has not caught up with)."""
+    if long_obs is None or long_obs.idle:
+        return True
+    long = estimate(long_obs, ctx.tuning)
+    z = ctx.tuning.confidence_z
+    if long.request_rate > 0:
+        rel = math.hypot(short.rate_rel_stderr, long.rate_rel_stderr)
+        if abs(short.request_rate / long.request_rate - 1.0) > z * rel:
+            return True
+    if short.alpha_pooled is not None and long.alpha_pooled is not None:
+        sigma = math.hypot(short.alpha_stderr or 0.0, long.alpha_stderr or 0.0)
+        if abs(short.alpha_pooled - long.alpha_pooled) > z * sigma:
+            return True
+    return False
+
+
+def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> Decision | None:
+    """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window)."""
+    s, t = ctx.settings, ctx.tuning
+    if obs.idle:
+        return None
+    est = estimate(obs, t)
+    fraction = s.guard_window_s / s.window_s
+    if _samples_hold(ctx, est, fraction, flags) is not None:
+        return None
+    current = ctx.current
+    lower = [k for k in ctx.allowed() if k < current]
+    if not lower:
+        return None
+
+    breaches = []
+    if s.slo_e2e_s is not None and est.e2e_p95_s is not None and est.e2e_p95_s > s.slo_e2e_s:
+        breaches.append(f"P95 e2e {_fmt_s(est.e2e_p95_s)} > SLO {_fmt_s(s.slo_e2e_s)}")
+    if s.slo_tpot_s is not None and est.tpot_p95_s is not None and est.tpot_p95_s > s.slo_tpot_s:
+        breaches.append(f"P95 TPOT {_fmt_s(est.tpot_p95_s)} > SLO {_fmt_s(s.slo_tpot_s)}")
+    below_floor = (
+        est.alpha_pooled is not None
+        and est.alpha_stderr is not None
+        and est.alpha_pooled + t.confidence_z * est.alpha_stderr < s.acceptance_floor
+    )
+    live = ctx.state.live_since or 0.0
+    long_ready = ctx.now >= live + s.warmup_s + s.window_s
+    # The fast fallback looks for what the long window cannot see yet: a probe on trial, a
+    # config too young for a full window, or a shift of acceptance or load.
+    fast = ctx.in_probe_trial or not long_ready or _shifted(ctx, est, ctx.observed.window)
+    if not (breaches or below_floor or fast):
+        return None
+
+    calibration, scale = _calibrate(ctx, est)
+    preds = predict(calibration, est, lower + [current], current, s)
+    cur = preds[current]
+    window = _fmt_s(s.guard_window_s)
+
+    # SLO guard.
+    if breaches:
+        meeting = [k for k in lower if _meets_slo(s, est, cur, preds[k])]
+        better = [k for k in meeting if preds[k].score >= cur.score * (1 + t.slo_guard_margin)]
+        if better:
+            target = max(better, key=lambda k: (preds[k].score, k))
+            reason = (
+                f"{'; '.join(breaches)} over {est.requests:.0f} requests ({window} window) and "
+                f"speculation is the likely cause: predicted {_summary(preds, (target, current))}"
+                f", {_label(target)} P95 e2e {_fmt_s(_corrected(est.e2e_p95_s, cur.e2e_p95_s, preds[target].e2e_p95_s))}"
+            )
+            decision = _change(ctx, target, "slo-guard", reason, preds, flags, est, scale, guard=True)
+            if decision.changes or decision.rule != "slo-guard":
+                return decision
+
+    # Acceptance collapse: confidently below the floor, and the model agrees.
+    if below_floor and est.alpha_pooled is not None:
+        target = OFF if s.allow_disable else s.min_k
+        if target in preds and target != current:
+            if preds[target].score > cur.score:
+                reason = (
+                    f"alpha {est.alpha_pooled:.2f} < floor {s.acceptance_floor:.2f} over "
+                    f"{est.draft_tokens:.0f} drafted tokens ({window} window); predicted "
+                    f"{_summary(preds, (target, current))}"
+                )
+                return _change(ctx, target, "collapse", reason, preds, flags, est, scale, guard=True)
+
+    # Fast fallback, or abandoning a re-probe that does not pay.
+    if not fast:
+        return None
+    probing = ctx.in_probe_trial
+    margin = t.probe_abandon_margin if probing else t.fast_fallback_margin
+    target = max(lower, key=lambda k: (preds[k].score, -k))
+    if preds[target].score >= cur.score * (1 + margin) and _robust(
+        ctx, calibration, est, current, target, margin=0.0
+    ):
+        rule = "probe-abandon" if probing else "fast-fallback"
+        what = "re-probe does not pay" if probing else "speculation hurts at this load"
+        reason = (
+            f"{what}: predicted {_summary(preds, (target, current))} at "
+            f"{est.request_rate:.2f} req/s, alpha {_fmt_alpha(est)} ({window} window)"
+        )
+        return _change(ctx, target, rule, reason, preds, flags, est, scale, guard=True)
+    return None
+
+
+def _corrected(observed: float | None, predicted_current: float, predicted_other: float) -> float:
+    """The other config's P95 scaled by how far the model is from the observed P95."""
+    if observed is None or not math.isfinite(predicted_current) or predicted_current <= 0:
+        return predicted_other
+    return predicted_other * observed / predicted_current
+
+
+def _meets_slo(
+    s: PolicySettings, est: Estimate, cur: ConfigPrediction, other: ConfigPrediction
+) -> bool:
+    if s.slo_e2e_s is not None:
+        if _corrected(est.e2e_p95_s, cur.e2e_p95_s, other.e2e_p95_s) > s.slo_e2e_s:
+            return False
+    if s.slo_tpot_s is not None:
+        if _corrected(est.tpot_p95_s, cur.tpot_p95_s, other.tpot_p95_s) > s.slo_tpot_s:
+            return False
+    return True
+
+
+def _fmt_alpha(est: Estimate) -> str:
+    if est.alpha_pooled is None:
+        return "unknown"
+    return f"{est.alpha_pooled:.2f}+-{(est.alpha_stderr or 0.0):.2f}"
+
+
+def _robust(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    current: int,
+    candidate: int,
+    margin: float,
+) -> bool:
+    """The candidate scores at least (1 + margin) x the current one at every corner of the
+    confidence box: alpha +- z*sigma and request rate x (1 +- z*rel)."""
+    t = ctx.tuning
+    alphas = [est.alpha]
+    if est.alpha is not None and est.alpha_stderr is not None:
+        dz = t.confidence_z * est.alpha_stderr
+        alphas = [max(0.0, est.alpha - dz), min(0.999, est.alpha + dz)]
+    rel = min(0.9, t.confidence_z * est.rate_rel_stderr)
+    for alpha in alphas:
+        for factor in (1.0 - rel, 1.0 + rel):
+            preds = predict(
+                calibration, est, (current, candidate), current, ctx.settings, alpha, factor
+            )
+            if preds[candidate].score < preds[current].score * (1 + margin):
+                return False
+    return True
+
+
+def _reprobe(
+    ctx: _Context,
+    est: Estimate,
+    calibration: Calibration,
+    scale: float | None,
+    flags: tuple[bool, str, str],
+) -> Decision:
+    s, t, memory = ctx.settings, ctx.tuning, ctx.memory
+    backoff = min(t.reprobe_backoff_max, 2**memory.failed_probes)
+    interval = s.reprobe_interval_s * backoff
+    off_since = ctx.state.since
+    remembered = memory.best_alpha
+    alpha = max(remembered or 0.0, t.default_probe_alpha)
+    ks = [k for k in ctx.allowed() if k != OFF]
+    preds = predict(calibration, est, ks + [OFF], OFF, s, alpha=alpha)
+    best = max(ks, key=lambda k: (preds[k].score, -k)) if ks else None
+    wait = off_since + interval - ctx.now
+    if wait > 0:
+        extra = f" (x{backoff} after {memory.failed_probes} failed probes)" if backoff > 1 else ""
+        return _make(
+            ctx, Action.HOLD, None, "hold",
+            f"speculation off since {_fmt_s(ctx.now - off_since)} ago; re-probe in "
+            f"{_fmt_s(wait)}{extra}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if best is None:
+        return _make(ctx, Action.HOLD, None, "hold", "no speculative config is allowed",
+                     metrics=flags, predictions=preds, est=est, scale=scale)
+    if preds[best].score < preds[OFF].score * (1 + s.tuning.min_gain):
+        return _make(
+            ctx, Action.HOLD, None, "hold",
+            f"re-probe due, but even at alpha {alpha:.2f} speculation would not pay at "
+            f"{est.request_rate:.2f} req/s: predicted {_summary(preds, (best, OFF))}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    conservative = max(0.0, alpha - t.probe_alpha_discount)
+    probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
+    probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
+    if remembered is not None and remembered >= t.default_probe_alpha:
+        source = f"remembered alpha {remembered:.2f}"
+    else:
+        source = f"assumed alpha {alpha:.2f}"
+    reason = (
+        f"re-probe after {_fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
+        f"predicted {_fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
+    )
+    return _change(ctx, probe_k, "reprobe", reason, preds, flags, est, scale, guard=False)
+
+
+def _tune(
+    ctx: _Context,
+    est: Estimate,
+    calibration: Calibration,
+    scale: float | None,
+    flags: tuple[bool, str, str],
+) -> Decision:
+    s, t = ctx.settings, ctx.tuning
+    current = ctx.current
+    preds = predict(calibration, est, ctx.allowed(), current, s)
+    best = max(preds, key=lambda k: (preds[k].score, -abs(k - current), -k))
+    cur = preds[current]
+    context = (
+        f"at {est.request_rate:.2f} req/s (batch {est.batch_per_replica or 0:.0f}/replica), "
+        f"alpha {_fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
+    )
+    if best == current or preds[best].score < cur.score * (1 + t.min_gain):
+        runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
+        comparison = _summary(preds, (current, runner) if runner is not None else (current,))
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, "hold",
+            f"{_label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if not _robust(ctx, calibration, est, current, best, margin=0.0):
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, "hold",
+            f"{_label(best)} predicted {_fmt_x(preds[best].speedup)} but not at every corner of "
+            f"the confidence box; keeping {_label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    reason = f"predicted {_summary(preds, (best, current))} {context}"
+    return _change(ctx, best, "tune", reason, preds, flags, est, scale, guard=False)
+
+
+# --- assembling decisions ------------------------------------------------------------------
+
+
+def _change(
+    ctx: _Context,
+    target: int,
+    rule: str,
+    reason: str,
+    preds: Mapping[int, ConfigPrediction] | Sequence[ConfigPrediction],
+    flags: tuple[bool, str, str],
+    est: Estimate | None,
+    scale: float | None,
+    *,
+    guard: bool,
+) -> Decision:
+    """A change to ``target``, unless the restart price, cooldown or budget forbids it."""
+    s, t, memory = ctx.settings, ctx.tuning, ctx.memory
+    current = ctx.current
+    pred_map = dict(preds) if isinstance(preds, Mapping) else {p.k: p for p in preds}
+    keep = ctx.state.k
+
+    # Price: a change must repay its restarts (bounds fixes are exempt: the spec demands them).
+    if rule != "bounds" and est is not None and current in pred_map and target in pred_map:
+        calibration, _ = _calibrate(ctx, est)
+        price = restart_price(calibration, est, current, s)
+        ok, payback = repays(
+            pred_map[current], pred_map[target], price, est.request_rate, t.payback_horizon_s
+        )
+        if not ok:
+            return _make(
+                ctx, Action.HOLD, keep, rule,
+                f"would move to {_label(target)} ({reason}), but the restart "
+                f"({_fmt_s(price[2])}, {price[0]:.0f} request-s) does not repay within "
+                f"{_fmt_s(t.payback_horizon_s)}",
+                metrics=flags, predictions=pred_map, est=est, scale=scale,
+            )
+        if math.isfinite(payback) and payback > 0:
+            reason = f"{reason}; restart repaid in {_fmt_s(payback)}"
+
+    if ctx.acting and rule != "bounds":
+        if not guard and memory.last_change_at is not None:
+            cooldown_left = memory.last_change_at + s.cooldown_s - ctx.now
+            if cooldown_left > 0:
+                return _make(
+                    ctx, Action.HOLD, keep, "cooldown",
+                    f"would move to {_label(target)} ({reason}), but the cooldown has "
+                    f"{_fmt_s(cooldown_left)} left",
+                    metrics=flags, predictions=pred_map, est=est, scale=scale,
+                )
+        budget = s.max_changes_per_hour
+        if not guard:
+            budget = max(0, budget - t.reserved_guard_changes) if budget > 1 else budget
+        if memory.changes_last_hour >= budget:
+            return _make(
+                ctx, Action.HOLD, keep, "budget",
+                f"would move to {_label(target)} ({reason}), but {memory.changes_last_hour} "
+                f"changes in the last hour reach the budget of {budget}",
+                metrics=flags, predictions=pred_map, est=est, scale=scale,
+            )
+
+    if target == OFF:
+        action = Action.DISABLE
+    elif current == OFF:
+        action = Action.ENABLE
+    else:
+        action = Action.SET_K
+    return _make(
+        ctx, action, target if target != OFF else None, rule, reason,
+        metrics=flags, predictions=pred_map, est=est, scale=scale, enabled=target != OFF,
+        applied=ctx.acting,
+    )
+
+
+def _make(
+    ctx: _Context,
+    action: Action,
+    k: int | None,
+    rule: str,
+    reason: str,
+    *,
+    metrics: tuple[bool, str, str],
+    predictions: Mapping[int, ConfigPrediction] | None = None,
+    est: Estimate | None = None,
+    scale: float | None = None,
+    enabled: bool | None = None,
+    applied: bool | None = None,
+) -> Decision:
+    if enabled is None:
+        enabled = ctx.state.enabled if action is Action.HOLD else k is not None
+    if ctx.settings.mode is Mode.OFF:
+        enabled = True
+    if not enabled:
+        k = None
+    preds = dict(predictions or {})
+    effective, eff_reason, eff_message = _effectiveness(ctx, preds, est)
+    if applied is None:
+        applied = ctx.acting and action is not Action.HOLD
+    return Decision(
+        action=action,
+        enabled=enabled,
+        k=k,
+        reason=reason,
+        rule=rule,
+        applied=applied,
+        metrics_available=metrics[0],
+        metrics_reason=metrics[1],
+        metrics_message=metrics[2],
+        speculation_effective=effective,
+        effective_reason=eff_reason,
+        effective_message=eff_message,
+        predictions=tuple(preds[k2] for k2 in sorted(preds)),
+        alpha=est.alpha_pooled if est is not None else None,
+        step_scale=scale,
+    )
+
+
+def _effectiveness(
+    ctx: _Context, preds: Mapping[int, ConfigPrediction], est: Estimate | None
+) -> tuple[bool | None, str, str]:
+    """SpeculationEffective: on and predicted at least as fast as off."""
+    state = ctx.state
+    if ctx.settings.mode is Mode.OFF:
+        return None, constants.REASON_DISABLED_BY_USER, "autotune is Off: not evaluated"
+    if not state.enabled:
+        return False, constants.REASON_SPECULATION_OFF, "speculation is off"
+    current = ctx.current
+    if OFF not in preds or current not in preds or est is None:
+        return None, constants.REASON_NOT_ENOUGH_SAMPLES, "not evaluated yet"
+    vs_off = preds[OFF].e2e_mean_s / preds[current].e2e_mean_s if math.isfinite(
+        preds[current].e2e_mean_s
+    ) else 0.0
+    acceptance = f"alpha {_fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
+    message = (
+        f"{_label(current)}: {acceptance}; predicted {_fmt_x(vs_off)} vs off at "
+        f"{est.request_rate:.2f} req/s"
+    )
+    if vs_off >= 1.0:
+        return True, constants.REASON_SPECULATION_ON, message
+    return False, constants.REASON_SPECULATION_OFF, message

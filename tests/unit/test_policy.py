@@ -1,0 +1,488 @@
+"""The speculation policy: every guard, every mode, determinism, and no flapping in noise."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdecode import constants, perfmodel
+from specdecode import policy as P
+from specdecode.metrics import ConfigKey, Observation, SpeculationCounts
+from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.policy import Action, HistoryEntry, Mode, PolicyObservations, PolicySettings, PolicyState
+
+NOW = 1_800_000_000.0
+TRUTH = EngineParams.for_method("draft_model")
+KEY = ConfigKey("ns", "llama", "hash")
+
+
+def observe(
+    workload: Workload,
+    k: int,
+    window: float,
+    *,
+    params: EngineParams = TRUTH,
+    alpha: float | None = None,
+    rate_factor: float = 1.0,
+    step_factor: float = 1.0,
+    staleness: float = 5.0,
+    p95_e2e: float | None = None,
+    p95_tpot: float | None = None,
+    positions: bool = True,
+) -> Observation:
+    """What the reader would report for a steady state of the true model."""
+    if alpha is not None:
+        workload = replace(workload, acceptance=alpha)
+    workload = replace(workload, request_rate=workload.request_rate * rate_factor)
+    state = perfmodel.steady_state(params, workload, k)
+    steps = state.batch * state.replicas / state.step_time_s * window
+    spec = None
+    if k:
+        probs = perfmodel.position_acceptance(state.alpha, k, params.acceptance_decay)
+        per_pos = tuple(steps * p for p in probs) if positions else ()
+        spec = SpeculationCounts(steps, steps * k, steps * sum(probs), per_pos)
+    requests = workload.request_rate * window
+    return Observation(
+        key=KEY,
+        window_s=window,
+        evaluated_at=NOW,
+        newest_sample_at=NOW - staleness,
+        pods=state.replicas,
+        speculation=spec,
+        requests=requests,
+        e2e_p95_s=p95_e2e if p95_e2e is not None else state.e2e_p95_s,
+        e2e_mean_s=state.e2e_s,
+        tpot_p95_s=p95_tpot if p95_tpot is not None else state.tpot_p95_s,
+        tpot_mean_s=state.tpot_s,
+        step_time_mean_s=state.step_time_s * step_factor,
+        steps=steps,
+        running=state.batch * state.replicas,
+        waiting=0.0,
+        kv_cache_usage=state.kv_usage,
+        preemption_rate=state.preemptions_per_s,
+        generation_tps=workload.request_rate * workload.output_tokens,
+        prompt_tps=workload.request_rate * workload.prompt_tokens,
+    )
+
+
+def both(workload: Workload, k: int, **kw) -> PolicyObservations:
+    return PolicyObservations.of(observe(workload, k, 300, **kw), observe(workload, k, 75, **kw))
+
+
+def on(k: int, since: float = NOW - 7200, live: float | None = NOW - 7000) -> PolicyState:
+    return PolicyState(True, k, since, live, 2)
+
+
+def off(since: float = NOW - 7200, live: float | None = NOW - 7000) -> PolicyState:
+    return PolicyState(False, None, since, live, 2)
+
+
+def auto(**kw) -> PolicySettings:
+    base = dict(replicas=2, slo_e2e_s=5.0, slo_tpot_s=0.02, max_surge=1)
+    base.update(kw)
+    return PolicySettings(**base)
+
+
+LOW = Workload(4, 1000, 300, 0, 0.8)
+COLLAPSED = Workload(6, 1000, 300, 0, 0.2)
+
+
+# --- modes -------------------------------------------------------------------------------
+
+
+def test_mode_off_never_acts_and_runs_the_declared_k():
+    decision = P.decide(auto(mode=Mode.OFF, configured_k=5), on(3), both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.HOLD and not decision.applied
+    assert decision.enabled and decision.k == 5 and decision.rule == "mode-off"
+
+
+def test_recommend_computes_but_never_applies():
+    decision = P.decide(auto(mode=Mode.RECOMMEND), on(3), both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.DISABLE and not decision.applied
+    status = decision.recommendation_status(NOW)
+    assert status["action"] == "disable" and status["enabled"] is False and "k" not in status
+    assert status["predictedSpeedup"] > 1
+
+
+def test_recommend_ignores_cooldown_and_budget():
+    history = tuple(HistoryEntry(NOW - 60 * i, Action.SET_K, 2, 3) for i in range(1, 5))
+    decision = P.decide(auto(mode=Mode.RECOMMEND), on(8), both(LOW, 8), history, NOW)
+    assert decision.action is Action.SET_K and decision.k == 3 and not decision.applied
+
+
+def test_auto_applies():
+    decision = P.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.DISABLE and decision.applied
+    assert decision.speculation_effective is False
+    assert "alpha 0.20 < floor 0.35" in decision.reason
+
+
+# --- metrics health ----------------------------------------------------------------------
+
+
+def test_prometheus_unavailable_holds_and_reports():
+    observed = PolicyObservations.unavailable("Prometheus at http://p is unreachable")
+    decision = P.decide(auto(), on(3), observed, (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "metrics"
+    assert decision.metrics_available is False
+    assert decision.metrics_reason == constants.REASON_METRICS_MISSING
+    assert "unreachable" in decision.metrics_message
+
+
+def test_stale_metrics_hold():
+    decision = P.decide(auto(), on(3), both(COLLAPSED, 3, staleness=600), (), NOW)
+    assert decision.action is Action.HOLD
+    assert decision.metrics_available is False
+    assert decision.metrics_reason == constants.REASON_METRICS_STALE
+
+
+def test_missing_series_after_warmup_is_missing_metrics():
+    decision = P.decide(auto(), on(3), PolicyObservations.of(None, None), (), NOW)
+    assert decision.action is Action.HOLD and decision.metrics_available is False
+    assert decision.metrics_reason == constants.REASON_METRICS_MISSING
+
+
+def test_missing_series_right_after_warmup_is_not_yet_a_failure():
+    state = on(3, live=NOW - 125)  # warm-up 120 s, grace 3 scrapes of 15 s
+    decision = P.decide(auto(), state, PolicyObservations.of(None, None), (), NOW)
+    assert decision.action is Action.HOLD and decision.metrics_available is True
+
+
+def test_nan_latency_and_missing_step_time_do_not_break_decisions():
+    obs = replace(observe(LOW, 3, 300), e2e_p95_s=None, tpot_p95_s=None, step_time_mean_s=None)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
+    assert decision.action is Action.HOLD and decision.metrics_available
+
+
+def test_idle_service_holds_without_failing():
+    idle = replace(observe(LOW, 3, 300), requests=0.0, e2e_p95_s=None, tpot_p95_s=None)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(idle, replace(idle, window_s=75)), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "idle"
+    assert decision.metrics_available is True
+
+
+def test_spec_decode_series_absent_when_off_is_not_missing():
+    decision = P.decide(auto(), off(since=NOW - 60), both(LOW, OFF), (), NOW)
+    assert decision.metrics_available is True and decision.action is Action.HOLD
+
+
+# --- attribution, warm-up, samples --------------------------------------------------------
+
+
+def test_rollout_in_progress_holds():
+    decision = P.decide(auto(), on(3, live=None), both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "rollout"
+
+
+def test_warmup_holds_even_on_collapse():
+    decision = P.decide(auto(), on(3, live=NOW - 60), both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "warmup"
+
+
+def test_guard_acts_before_the_long_window_is_complete():
+    # Live for warm-up + guard window but not yet a full long window.
+    state = on(3, live=NOW - 120 - 80)
+    decision = P.decide(auto(), state, both(COLLAPSED, 3), (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "collapse"
+
+
+def test_not_enough_requests_holds():
+    few = replace(observe(COLLAPSED, 3, 300), requests=5.0)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(few, None), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "samples"
+    assert "5 requests < 20" in decision.reason
+
+
+def test_not_enough_drafts_holds():
+    obs = observe(COLLAPSED, 3, 300)
+    thin = replace(obs, speculation=SpeculationCounts(10, 30, 6, (2, 0.4, 0.08)))
+    decision = P.decide(auto(), on(3), PolicyObservations.of(thin, None), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "samples"
+    assert "drafted tokens" in decision.reason
+
+
+def test_missing_per_position_series_holds():
+    obs = observe(LOW, 3, 300, positions=False)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
+    assert decision.action is Action.HOLD and "per-position" in decision.reason
+
+
+# --- floor, collapse, SLO guard ------------------------------------------------------------
+
+
+def test_floor_on_the_long_window():
+    poor = Workload(8, 1000, 300, 0, 0.3)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(observe(poor, 3, 300), None), (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "floor"
+    assert "over" in decision.reason and "drafted tokens" in decision.reason
+
+
+def test_floor_without_allow_disable_goes_to_min_k():
+    poor = Workload(8, 1000, 300, 0, 0.3)
+    observed = PolicyObservations.of(observe(poor, 3, 300), None)
+    decision = P.decide(auto(allow_disable=False, min_k=2), on(3), observed, (), NOW)
+    assert decision.action is Action.SET_K and decision.k == 2 and decision.enabled
+
+
+def test_collapse_seen_in_the_short_window_first():
+    long = observe(LOW, 3, 300, alpha=0.6)  # the long window still mixes before/after
+    short = observe(LOW, 3, 75, alpha=0.15)
+    decision = P.decide(auto(), on(3), PolicyObservations.of(long, short), (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "collapse"
+
+
+def test_collapse_bypasses_the_cooldown():
+    history = (HistoryEntry(NOW - 60, Action.SET_K, 2, 3),)
+    decision = P.decide(auto(), on(3, since=NOW - 60), both(COLLAPSED, 3), history, NOW)
+    # live_since is older than since in this synthetic state; the guard still acts.
+    assert decision.action is Action.DISABLE
+
+
+def test_slo_guard_falls_back_when_speculation_is_the_cause():
+    surge = Workload(34, 1000, 300, 0, 0.8)
+    settings = auto(slo_e2e_s=20.0, slo_tpot_s=None)
+    long = observe(Workload(20, 1000, 300, 0, 0.8), 5, 300)  # before the surge
+    short = observe(surge, 5, 75)
+    decision = P.decide(settings, on(5), PolicyObservations.of(long, short), (), NOW)
+    assert decision.rule == "slo-guard" and decision.changes
+    assert decision.config < 5
+    assert "P95 e2e" in decision.reason and "> SLO 20.00s" in decision.reason
+
+
+def test_slo_guard_holds_when_overload_is_the_cause():
+    overload = Workload(34, 1000, 300, 0, 0.8)
+    settings = auto(slo_e2e_s=5.0, slo_tpot_s=None)  # no config meets 5 s at 34 req/s
+    long = observe(overload, 2, 300)
+    short = observe(overload, 2, 75)
+    decision = P.decide(settings, on(2), PolicyObservations.of(long, short), (), NOW)
+    assert decision.rule != "slo-guard"
+
+
+# --- tuning: hysteresis, price, cooldown, budget --------------------------------------------
+
+
+def test_too_high_k_is_lowered():
+    decision = P.decide(auto(), on(8), both(LOW, 8), (), NOW)
+    assert decision.action is Action.SET_K and decision.k == 3 and decision.rule == "tune"
+    assert "predicted K=3" in decision.reason
+
+
+def test_hysteresis_keeps_a_near_best_config():
+    decision = P.decide(auto(), on(4), both(LOW, 4), (), NOW)  # K=3 is best, by < 5%
+    assert decision.action is Action.HOLD and decision.rule == "hold"
+    assert "best within 5%" in decision.reason
+
+
+def test_restart_price_blocks_a_small_gain_with_one_spare_less_replica():
+    load = Workload(12, 1000, 300, 0, 0.5)
+    decision = P.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
+    assert decision.action is Action.HOLD and "does not repay" in decision.reason
+
+
+def test_cooldown_blocks_tuning():
+    history = (HistoryEntry(NOW - 300, Action.SET_K, 3, 8),)
+    decision = P.decide(auto(), on(8, since=NOW - 300, live=NOW - 7000), both(LOW, 8), history, NOW)
+    assert decision.action is Action.HOLD and decision.rule == "cooldown"
+
+
+def test_budget_blocks_tuning_but_keeps_a_slot_for_fallbacks():
+    history = tuple(HistoryEntry(NOW - 3000 + 600 * i, Action.SET_K, 3, 8) for i in range(3))
+    settings = auto(cooldown_s=60)
+    decision = P.decide(settings, on(8), both(LOW, 8), history, NOW)
+    assert decision.action is Action.HOLD and decision.rule == "budget"
+    fallback = P.decide(settings, on(3), both(COLLAPSED, 3), history, NOW)
+    assert fallback.action is Action.DISABLE
+
+
+def test_budget_exhausted_blocks_even_fallbacks():
+    history = tuple(HistoryEntry(NOW - 3000 + 600 * i, Action.SET_K, 3, 8) for i in range(4))
+    decision = P.decide(auto(cooldown_s=60), on(3), both(COLLAPSED, 3), history, NOW)
+    assert decision.action is Action.HOLD and decision.rule == "budget"
+
+
+def test_excluded_configs_are_never_chosen():
+    state = replace(on(8), excluded_ks=frozenset({3}))
+    decision = P.decide(auto(), state, both(LOW, 8), (), NOW)
+    assert decision.k != 3 and decision.action is Action.SET_K
+
+
+def test_bounds_are_enforced_at_once():
+    decision = P.decide(auto(max_k=4), on(6), both(LOW, 6), (), NOW)
+    assert decision.action is Action.SET_K and decision.k == 4 and decision.rule == "bounds"
+
+
+def test_high_load_turns_speculation_off():
+    surge = Workload(40, 1000, 300, 0, 0.8)
+    decision = P.decide(auto(), on(3), both(surge, 3), (), NOW)
+    assert decision.action is Action.DISABLE
+
+
+# --- re-probe ------------------------------------------------------------------------------
+
+
+DISABLED = (HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "collapse", True, 0.2, 1.0),)
+
+
+def test_off_waits_for_the_reprobe_interval():
+    decision = P.decide(auto(), off(since=NOW - 600), both(LOW, OFF), DISABLED, NOW)
+    assert decision.action is Action.HOLD and "re-probe in" in decision.reason
+    assert decision.speculation_effective is False
+
+
+def test_reprobe_enables_a_conservative_k_after_the_interval():
+    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), DISABLED, NOW)
+    assert decision.action is Action.ENABLE and decision.rule == "reprobe"
+    assert 1 <= decision.k <= 3
+    assert "re-probe" in decision.reason
+
+
+def test_reprobe_uses_remembered_good_acceptance():
+    history = (
+        HistoryEntry(NOW - 9000, Action.SET_K, 5, 3, "", True, 0.9, 1.0),
+    ) + DISABLED
+    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
+    assert decision.action is Action.ENABLE and "remembered alpha 0.90" in decision.reason
+
+
+def test_reprobe_backs_off_after_failed_probes():
+    history = DISABLED + (
+        HistoryEntry(NOW - 2500, Action.ENABLE, None, 2),
+        HistoryEntry(NOW - 2000, Action.DISABLE, 2, None, "", True, 0.2, 1.2),
+    )
+    decision = P.decide(auto(), off(since=NOW - 2000), both(LOW, OFF), history, NOW)
+    assert decision.action is Action.HOLD and "x2 after 1 failed probes" in decision.reason
+
+
+def test_no_reprobe_when_load_is_too_high_for_any_speculation():
+    surge = Workload(40, 1000, 300, 0, 0.8)
+    decision = P.decide(auto(), off(since=NOW - 4000), both(surge, OFF), DISABLED, NOW)
+    assert decision.action is Action.HOLD and "would not pay" in decision.reason
+
+
+def test_probe_that_does_not_pay_is_abandoned_quickly():
+    history = DISABLED + (HistoryEntry(NOW - 500, Action.ENABLE, None, 1),)
+    # Live for warm-up + guard window only; acceptance above the floor but too low to pay.
+    state = on(1, since=NOW - 500, live=NOW - 210)
+    poor = Workload(16, 1000, 300, 0, 0.4)
+    decision = P.decide(auto(), state, both(poor, 1), history, NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "probe-abandon"
+    assert "re-probe does not pay" in decision.reason
+    # The same observations outside a probe trial need a large gain: no fast fallback.
+    settled = P.decide(auto(), on(1), both(poor, 1), (), NOW)
+    assert settled.rule != "fast-fallback"
+
+
+# --- memory, status boundary, determinism ---------------------------------------------------
+
+
+def test_history_round_trips_through_status():
+    entry = HistoryEntry(NOW, Action.DISABLE, 3, None, "alpha 0.2 < floor", True, 0.2, 1.1)
+    wire = entry.to_status()
+    assert wire["fromK"] == 3 and "toK" not in wire and wire["action"] == "disable"
+    assert P.history_from_status([wire]) == (entry,)
+
+
+def test_decision_history_entry_records_what_was_left():
+    decision = P.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
+    entry = decision.history_entry(NOW, on(3))
+    assert entry.from_k == 3 and entry.to_k is None and entry.alpha == pytest.approx(0.2, abs=0.01)
+    assert entry.step_scale == pytest.approx(1.0, abs=0.05)
+    hold = P.decide(auto(), on(3), both(LOW, 3), (), NOW)
+    assert hold.history_entry(NOW, on(3)) is None
+
+
+def test_decisions_are_deterministic():
+    args = (auto(), on(8), both(LOW, 8), (), NOW)
+    assert P.decide(*args) == P.decide(*args)
+
+
+def test_time_helpers_round_trip():
+    assert P.parse_time(P.format_time(NOW)) == NOW
+
+
+def test_fit_acceptance_recovers_alpha_and_decay():
+    probs = perfmodel.position_acceptance(0.8, 5, 0.9)
+    alpha, decay = P.fit_acceptance(10_000, [10_000 * p for p in probs])
+    assert alpha == pytest.approx(0.8, abs=1e-6) and decay == pytest.approx(0.9, abs=1e-6)
+    assert P.fit_acceptance(10_000, [8000.0]) == (pytest.approx(0.8), None)
+    assert P.fit_acceptance(10, [8.0]) == (None, None)
+
+
+def test_calibration_scale_tracks_a_slower_gpu():
+    slow = replace(TRUTH, step_fixed_s=TRUTH.step_fixed_s * 2, per_batched_token_s=42e-6)
+    obs = observe(LOW, 3, 300, params=slow)
+    est = P.estimate(obs, P.PolicyTuning())
+    assert 1.6 < P.step_scale(replace(TRUTH, replicas=2), 3, est) < 2.1
+
+
+def test_settings_from_spec():
+    from specdecode import api
+
+    spec = api.parse_spec(
+        {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "speculation": {
+                "method": "draft_model",
+                "draftModel": "meta-llama/Llama-3.2-1B-Instruct",
+                "numSpeculativeTokens": 4,
+                "minK": 2,
+                "maxK": 6,
+            },
+            "replicas": 3,
+            "autotune": {"mode": "Recommend", "window": "10m", "slo": {"p95EndToEnd": "8s"}},
+        }
+    )
+    settings = PolicySettings.from_spec(spec)
+    assert settings.mode is Mode.RECOMMEND and settings.configured_k == 4
+    assert (settings.min_k, settings.max_k, settings.replicas) == (2, 6, 3)
+    assert settings.window_s == 600 and settings.guard_window_s == 150
+    assert settings.slo_e2e_s == 8 and settings.slo_tpot_s is None
+    assert settings.configs() == (0, 2, 3, 4, 5, 6)
+
+
+# --- no flapping in a stationary noisy steady state ------------------------------------------
+
+STEADY = [
+    (Workload(4, 1000, 300, 0, 0.8), None),
+    (Workload(12, 1000, 300, 0, 0.7), None),
+    (Workload(40, 1000, 300, 0, 0.8), None),
+    (Workload(8, 1000, 300, 0, 0.3), None),
+]
+
+
+def _steady_config(workload: Workload) -> int:
+    """The config a well-tuned service settles on under the truth."""
+    if workload.acceptance < 0.35:
+        return OFF
+    return perfmodel.best_config(replace(TRUTH, replicas=2), workload)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=st.sampled_from(range(len(STEADY))),
+    alpha_noise=st.tuples(st.floats(-0.02, 0.02), st.floats(-0.03, 0.03)),
+    rate_noise=st.tuples(st.floats(0.93, 1.07), st.floats(0.88, 1.12)),
+    step_noise=st.tuples(st.floats(0.97, 1.03), st.floats(0.95, 1.05)),
+)
+def test_noise_around_a_steady_state_never_changes_anything(case, alpha_noise, rate_noise, step_noise):
+    workload, _ = STEADY[case]
+    k = _steady_config(workload)
+    obs = []
+    for i, window in enumerate((300, 75)):
+        obs.append(
+            observe(
+                workload,
+                k,
+                window,
+                alpha=min(0.95, max(0.05, workload.acceptance + alpha_noise[i])),
+                rate_factor=rate_noise[i],
+                step_factor=step_noise[i],
+            )
+        )
+    state = on(k) if k else off(since=NOW - 600)
+    decision = P.decide(auto(), state, PolicyObservations.of(*obs), (), NOW)
+    assert decision.action is Action.HOLD, decision.reason
