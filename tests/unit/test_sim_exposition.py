@@ -1,0 +1,157 @@
+"""The simulator's /metrics: vLLM 0.33's names, labels and buckets, exactly (REFERENCE.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdecode import vllm
+from specdecode.perfmodel import EngineParams, Workload
+from specdecode.sim import exposition as x
+from specdecode.sim.engine import PodEngine, engine_config_from_args
+
+# REFERENCE.md, "Default buckets".
+E2E_BUCKETS = "0.3 0.5 0.8 1 1.5 2 2.5 5 10 15 20 30 40 50 60 120 240 480 960 1920 7680"
+TTFT_BUCKETS = ("0.001 0.005 0.01 0.02 0.04 0.06 0.08 0.1 0.25 0.5 0.75 1 2.5 5 7.5 10 20 40 80 "
+                "160 640 2560")
+ITL_BUCKETS = "0.01 0.025 0.05 0.075 0.1 0.15 0.2 0.3 0.4 0.5 0.75 1 2.5 5 7.5 10 20 40 80"
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+}
+ALWAYS = {
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:num_preemptions_total",
+    "vllm:request_success_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+}
+HISTOGRAMS = {
+    "vllm:e2e_request_latency_seconds": E2E_BUCKETS,
+    "vllm:request_queue_time_seconds": E2E_BUCKETS,
+    "vllm:request_inference_time_seconds": E2E_BUCKETS,
+    "vllm:request_prefill_time_seconds": E2E_BUCKETS,
+    "vllm:request_decode_time_seconds": E2E_BUCKETS,
+    "vllm:time_to_first_token_seconds": TTFT_BUCKETS,
+    "vllm:inter_token_latency_seconds": ITL_BUCKETS,
+    "vllm:request_time_per_output_token_seconds": ITL_BUCKETS,
+}
+
+DRAFT_K3 = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama"] + (
+    vllm.speculative_args(
+        vllm.SpeculativeConfig(method="draft_model", num_speculative_tokens=3,
+                               model="meta-llama/Llama-3.2-1B-Instruct"),
+        "0.33.0",
+    )
+)
+OFF = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama"]
+WORKLOAD = Workload(request_rate=8, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+
+
+def engine(args: list[str], seed: int = 1) -> PodEngine:
+    return PodEngine(engine_config_from_args(args), EngineParams(), np.random.default_rng(seed))
+
+
+def scrape(e: PodEngine) -> dict[str, list]:
+    """Sample lists by exposed sample name, from the text format a scrape returns."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(e.metrics)
+    text = generate_latest(registry).decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+    return samples
+
+
+def series_names(samples: dict[str, list]) -> set[str]:
+    return {n for n in samples if not n.endswith(("_bucket", "_sum", "_count"))} | {
+        n[: -len("_bucket")] for n in samples if n.endswith("_bucket")
+    }
+
+
+def test_names_labels_and_buckets_match_vllm_0_33_with_speculation() -> None:
+    e = engine(DRAFT_K3)
+    for _ in range(4):
+        e.advance(0.5, WORKLOAD, 2)
+    samples = scrape(e)
+    assert series_names(samples) == SPEC_COUNTERS | ALWAYS | set(HISTOGRAMS)
+    for name, sample_list in samples.items():
+        for s in sample_list:
+            extra = set(s.labels) - {"model_name", "engine"}
+            assert s.labels["model_name"] == "llama" and s.labels["engine"] == "0"
+            if name.endswith("_bucket"):
+                assert extra == {"le"}
+            elif name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                assert extra == {"position"}
+            elif name == "vllm:request_success_total":
+                assert extra == {"finished_reason"}
+            else:
+                assert extra == set(), name
+    positions = [s.labels["position"] for s in samples["vllm:spec_decode_num_accepted_tokens_per_pos_total"]]
+    assert positions == ["0", "1", "2"]
+    reasons = {s.labels["finished_reason"] for s in samples["vllm:request_success_total"]}
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+    for name, buckets in HISTOGRAMS.items():
+        bounds = [s.labels["le"] for s in samples[f"{name}_bucket"]]
+        assert [float(b) for b in bounds[:-1]] == [float(b) for b in buckets.split()], name
+        assert bounds[-1] == "+Inf"
+    assert not any(n.endswith("_created") for n in samples)
+
+
+def test_no_spec_decode_series_without_speculation() -> None:
+    e = engine(OFF)
+    e.advance(1.0, WORKLOAD, 2)
+    samples = scrape(e)
+    assert series_names(samples) == ALWAYS | set(HISTOGRAMS)
+    assert samples["vllm:generation_tokens_total"][0].value > 0
+
+
+def test_custom_histogram_buckets_replace_the_family_defaults() -> None:
+    e = engine(DRAFT_K3 + vllm.histogram_bucket_args("0.33.0"))
+    samples = scrape(e)
+    fine = [float(b) for b in vllm.FINE_LATENCY_BUCKETS]
+    for name in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"):
+        assert [float(s.labels["le"]) for s in samples[f"{name}_bucket"][:-1]] == fine
+    e2e = [float(s.labels["le"]) for s in samples["vllm:e2e_request_latency_seconds_bucket"][:-1]]
+    assert e2e == [float(b) for b in E2E_BUCKETS.split()]
+
+
+def test_counters_start_at_zero_and_only_grow() -> None:
+    e = engine(DRAFT_K3)
+    first = scrape(e)
+    counters = [n for n in first if n.endswith(("_total", "_count", "_sum"))]
+    assert all(s.value == 0 for n in counters for s in first[n])
+    previous = first
+    for _ in range(10):
+        e.advance(0.5, WORKLOAD, 2)
+        now = scrape(e)
+        for n in counters:
+            for a, b in zip(previous[n], now[n]):
+                assert b.value >= a.value, n
+        previous = now
+    assert previous["vllm:spec_decode_num_drafts_total"][0].value > 0
+
+
+def test_histogram_buckets_are_cumulative_and_le_is_inclusive() -> None:
+    h = x.Histogram((0.1, 0.5))
+    for v in (0.1, 0.2, 0.5, 0.7):
+        h.observe(v)
+    assert h.cumulative() == [("0.1", 1.0), ("0.5", 3.0), ("+Inf", 4.0)]
+    assert h.total == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        h.add([1], 1.0)
+
+
+def test_counters_refuse_to_go_down() -> None:
+    m = x.PodMetrics("m", None)
+    with pytest.raises(ValueError, match="only go up"):
+        m.inc(x.GENERATION_TOKENS, -1)
