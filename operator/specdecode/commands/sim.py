@@ -98,9 +98,14 @@ def run_sim(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
 
+    from kubernetes.config.config_exception import ConfigException
+
     previous = signal.signal(signal.SIGTERM, on_signal)
     try:
-        start_watchers(args.kubeconfig, simulator, args.namespaces, stop)
+        try:
+            start_watchers(args.kubeconfig, simulator, args.namespaces, stop)
+        except ConfigException as err:
+            raise UserError(f"--kubeconfig {args.kubeconfig}: {err}") from None
         print(
             f"simulating {scenario.name} ({scenario.method}) at x{args.time_scale:g}; "
             f"targets in {args.targets_file}",
