@@ -68,6 +68,7 @@ _COMMAND_MODULES = [
     "specdecode.commands.api_commands",
     "specdecode.commands.run",
     "specdecode.commands.cluster",
+    "specdecode.commands.diagnose",
     "specdecode.commands.sim",
 ]
 

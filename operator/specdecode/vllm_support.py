@@ -435,10 +435,11 @@ def effective_k(
 
 
 # --------------------------------------------------------------------------------------
-# Error texts (for classifying start-up logs). f-string shapes are quoted as in vLLM; the
-# *_PATTERN regexes match the rendered text. ValueErrors raised inside SpeculativeConfig
-# validation reach the log wrapped by pydantic: "1 validation error for SpeculativeConfig"
-# then "  Value error, <message> [type=value_error, ...]": match substrings, not lines.
+# Error texts, facts only (specdecode.failures classifies start-up logs with them). f-string
+# shapes are quoted as in vLLM; the *_PATTERN regexes match the rendered text. ValueErrors
+# raised inside SpeculativeConfig validation reach the log wrapped by pydantic: "1 validation
+# error for SpeculativeConfig" then "  Value error, <message> [type=value_error, ...]": match
+# substrings, not lines.
 # --------------------------------------------------------------------------------------
 
 VOCAB_MISMATCH_FILE = "vllm/config/speculative.py"  # 0.33.0 line 2049-2056; since 0.15.0
@@ -542,33 +543,52 @@ PYDANTIC_UNKNOWN_KEY_ERROR = "[type=unexpected_keyword_argument"  # "Unexpected 
 PYDANTIC_GREATER_THAN_ERROR = "[type=greater_than"  # num_speculative_tokens <= 0
 PYDANTIC_VALUE_ERROR_PREFIX = "Value error, "
 
-STARTUP_ERROR_MARKERS: tuple[tuple[str, str], ...] = (
-    # (reason, substring in the log). First match wins; the more specific come first.
-    ("VocabMismatch", VOCAB_MISMATCH_PREFIX),
-    ("DraftModelUnsupported", DRAFT_MODEL_NOT_SUPPORTED_PREFIX),
-    ("UnsupportedMethod", "Unsupported speculative method: "),
-    ("InvalidMethod", PYDANTIC_LITERAL_ERROR),
-    ("UnknownSpeculativeKey", PYDANTIC_UNKNOWN_KEY_ERROR),
-    ("DraftTensorParallel", "cannot be other value than 1 or target model tensor_parallel_size"),
-    ("DraftTensorParallel", "'draft_tensor_parallel_size' and 'tensor_parallel_size' must be the same"),
-    ("InvalidPerBatchSizeTable", "num_speculative_tokens_per_batch_size must"),
-    ("InvalidPerBatchSizeTable", "num_speculative_tokens_per_batch_size values must"),
-    ("InvalidPerBatchSizeTable", "Each num_speculative_tokens_per_batch_size entry"),
-    ("InvalidPerBatchSizeTable", "Batch-size range"),
-    ("InvalidPerBatchSizeTable", "The first batch-size range must start at 1"),
-    ("HeterogeneousVocab", "use_heterogeneous_vocab only works"),
-    ("HeterogeneousVocab", "use_heterogeneous_vocab currently only supports"),
-    ("HeterogeneousVocab", "use_heterogeneous_vocab is not compatible"),
-    ("MissingNumSpeculativeTokens", "num_speculative_tokens must be provided"),
-    ("InvalidSpeculativeConfig", "are mutually exclusive"),
-    ("InvalidSpeculativeConfig", PYDANTIC_VALIDATION_HEADER),
-    ("InvalidSpeculativeConfig", "argument --speculative-config"),
+VOCAB_MAPPING_NO_UNK_MESSAGE = (  # 0.33.0 vllm/v1/spec_decode/vocab_mapping.py:62-65
+    'f"VocabMapping: {role} has neither unk_token_id nor eos_token_id; "'
+    ' "cannot safely map out-of-intersection tokens"'
+)
+VOCAB_MAPPING_NO_UNK_PATTERN = re.compile(
+    r"VocabMapping: (?P<role>target|draft) tokenizer has neither unk_token_id nor eos_token_id"
 )
 
-
-def classify_startup_error(log_text: str) -> str | None:
-    """The reason of the first STARTUP_ERROR_MARKERS entry found in ``log_text``, or None."""
-    for reason, marker in STARTUP_ERROR_MARKERS:
-        if marker in log_text:
-            return reason
-    return None
+# Start-up texts outside the speculative config (memory, model lookup), read in the 0.33.0
+# wheel only: the classifier matches them by the stable words, not whole sentences.
+KV_CACHE_NO_MEMORY_PREFIX = (  # vllm/v1/core/kv_cache_planning.py:56-63, ValueError
+    "No available memory for the cache blocks."
+)
+KV_CACHE_TOO_SMALL_MESSAGE = (  # vllm/v1/core/kv_cache_planning.py:76-86, ValueError
+    'f"To serve at least one request with the model\'s max seq len "'
+    ' f"({max_model_len}), ({format_gib(needed_memory)} GiB KV "'
+    ' f"cache is needed, which is larger than the available KV cache "'
+    ' f"memory ({format_gib(available_memory)} GiB). {estimated_msg}"'
+    ' f"Try increasing `gpu_memory_utilization` ... or decreasing `max_model_len` ..."'
+)
+KV_CACHE_TOO_SMALL_PATTERN = re.compile(
+    # "models's" in older releases: the possessive is optional.
+    r"max seq len \((?P<max_model_len>\d+)\), \((?P<needed_gib>[\d.]+) GiB KV cache is "
+    r"needed, which is larger than the available KV cache memory \((?P<available_gib>[\d.]+) "
+    r"GiB\)\.(?: Based on the available memory, the estimated maximum model length is "
+    r"(?P<estimated_max_len>\d+)\.)?"
+)
+FREE_MEMORY_BELOW_UTILIZATION_PATTERN = re.compile(
+    # vllm/v1/worker/utils.py:741-750 and 761-770, ValueError raised before any weight
+    # loads: "Free memory on device cuda:0 (10.5/79.19 GiB) on startup is less than desired
+    # GPU memory utilization (0.92, 72.86 GiB). Decrease GPU memory utilization or ..."
+    r"Free memory on device (?P<device>\S+) \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) "
+    r"on startup is less than [^(]*\((?P<utilization>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)"
+)
+MEMORY_PROFILING_ERROR_PREFIX = (  # vllm/v1/worker/gpu_worker.py:732-740, AssertionError
+    "Error in memory profiling."
+)
+INVALID_MODEL_PATTERN = re.compile(
+    # vllm/transformers_utils/config.py:910-922, ValueError: neither a hub repository nor a
+    # directory with config.json / params.json.
+    r"Invalid repository ID or local directory specified: '(?P<model>[^']*)'"
+)
+ENGINE_CORE_FAILED_WRAPPERS = (
+    # Wrappers that point at the root cause above them: never the cause themselves.
+    "Engine core initialization failed.",  # vllm/v1/engine/utils.py:1473-1476, RuntimeError
+    "Frontend process failed during engine core initialization.",  # utils.py:1467-1472
+    "EngineCore failed to start.",  # vllm/v1/engine/core.py:1584, logger.exception
+    "WorkerProc failed to start.",  # vllm/v1/executor/multiproc_executor.py:1057
+)

@@ -197,46 +197,6 @@ def test_draft_tp_patterns():
     assert m and (m["draft_tp"], m["target_tp"]) == ("1", "4")
 
 
-@pytest.mark.parametrize(
-    "log, reason",
-    [
-        (
-            "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
-            "SpeculativeConfig\n  Value error, Target and draft model should have the same "
-            "vocabulary size. Target model vocab_size=1. Draft model vocab_size=2.",
-            "VocabMismatch",
-        ),
-        (
-            "1 validation error for SpeculativeConfig\nmethod\n  Input should be 'ngram', "
-            "'draft_model' [type=literal_error, input_value='medusa', input_type=str]",
-            "InvalidMethod",
-        ),
-        (
-            "1 validation error for SpeculativeConfig\nbogus\n  Unexpected keyword argument "
-            "[type=unexpected_keyword_argument, input_value=1, input_type=int]",
-            "UnknownSpeculativeKey",
-        ),
-        ("NotImplementedError: Unsupported speculative method: 'foo'", "UnsupportedMethod"),
-        (
-            "NotImplementedError: Speculative decoding with draft model is not supported yet. "
-            "Please consider using other speculative decoding methods such as ngram, medusa, "
-            "eagle, or mtp.",
-            "DraftModelUnsupported",
-        ),
-        ("ValueError: The first batch-size range must start at 1 so every runtime batch "
-         "size has a defined schedule.", "InvalidPerBatchSizeTable"),
-        ("ValueError: Batch-size ranges must be non-overlapping and sorted.",
-         "InvalidPerBatchSizeTable"),
-        ("--spec-tokens and --speculative-config['num_speculative_tokens'] are mutually "
-         "exclusive", "InvalidSpeculativeConfig"),
-        ("WARNING Disabling num_speculative_tokens_per_batch_size and falling back", None),
-        ("INFO Starting vLLM API server", None),
-    ],
-)
-def test_classify_startup_error(log, reason):
-    assert vs.classify_startup_error(log) == reason
-
-
 def test_module_has_no_io_imports():
     import inspect
 
