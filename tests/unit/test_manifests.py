@@ -1,0 +1,557 @@
+"""The install tree under manifests/, checked offline: every overlay builds with kustomize;
+every object validates strictly (built-in kinds against Kubernetes 1.34's OpenAPI schemas,
+custom resources against their CRD's schema); the operator Deployment has what production
+needs and agrees with the RBAC, the peering object, the settings and the image; alerts fire
+when they should (`promtool test rules`), and the dashboard and rules only name metrics that
+exist."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specdecode import constants as C
+from specdecode import instrumentation
+from specdecode.settings import ENV_PREFIX, OperatorSettings
+
+from .conftest import KUBERNETES_SCHEMA_VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+OVERLAYS = ["default", "prometheus-operator"]
+THIRD_PARTY_PO = MANIFESTS / "third_party" / "prometheus-operator"
+PROMETHEUS_RULE = MANIFESTS / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
+DASHBOARD = MANIFESTS / "overlays" / "prometheus-operator" / "dashboards" / "specdecode.json"
+OPERATOR_NAMESPACE = "specdecode-system"
+METRICS_JOB = "specdecode-operator-metrics"
+
+# vLLM's metric names (0.33.0, V1 engine), from the project's REFERENCE.md.
+VLLM_METRICS = {
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:request_time_per_output_token_seconds_bucket",
+    "vllm:request_time_per_output_token_seconds_sum",
+    "vllm:request_time_per_output_token_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+def kubectl_binary() -> str:
+    found = shutil.which("kubectl")
+    if found:
+        return found
+    from specdecode.localstack.build import cached_binaries
+
+    binaries = cached_binaries()
+    if binaries is None:
+        pytest.fail("no kubectl: install one or build the local stack (`specdecode cluster build`)")
+    return str(binaries.kubectl)
+
+
+@functools.lru_cache(maxsize=None)
+def kustomize(relative: str) -> tuple[dict, ...]:
+    """The objects `kubectl kustomize manifests/<relative>` builds (no cluster needed)."""
+    done = subprocess.run([kubectl_binary(), "kustomize", str(MANIFESTS / relative)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"kubectl kustomize manifests/{relative} failed:\n{done.stderr}"
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def find(objects, kind: str, name: str | None = None) -> dict:
+    matches = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+def crd_documents() -> list[dict]:
+    """Every CRD the install knows: ours (base) and the pinned Prometheus Operator ones."""
+    crds = [o for o in kustomize("base") if o["kind"] == "CustomResourceDefinition"]
+    crds += [o for o in kustomize("third_party/prometheus-operator")]
+    return crds
+
+
+def openapi_to_jsonschema(node: dict, root: bool = False) -> dict:
+    """A CRD's structural OpenAPI v3 schema as a strict JSON Schema (draft 4): unknown fields
+    are errors wherever the apiserver would prune them, nullable becomes a null type,
+    int-or-string a union; apiVersion, kind and metadata are implicit at the root."""
+    out: dict = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {name: openapi_to_jsonschema(sub) for name, sub in value.items()}
+        elif key in ("items", "not") or (key == "additionalProperties" and isinstance(value, dict)):
+            out[key] = openapi_to_jsonschema(value)
+        elif key in ("allOf", "anyOf", "oneOf"):
+            out[key] = [openapi_to_jsonschema(sub) for sub in value]
+        elif key.startswith("x-kubernetes-") or key == "nullable":
+            continue
+        else:
+            out[key] = value
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if root or node.get("x-kubernetes-embedded-resource"):
+        props = out.setdefault("properties", {})
+        props.setdefault("apiVersion", {"type": "string"})
+        props.setdefault("kind", {"type": "string"})
+        props.setdefault("metadata", {"type": "object"})
+    if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_validators() -> dict[tuple[str, str], object]:
+    import jsonschema
+
+    validators = {}
+    for crd in crd_documents():
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            # Not check_schema(): CRD patterns may use RE2 syntax such as (?i) that the
+            # metaschema's ECMA regex format refuses; Python's re evaluates them alike.
+            schema = openapi_to_jsonschema(version["schema"]["openAPIV3Schema"], root=True)
+            validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft4Validator(schema)
+    return validators
+
+
+def exposed_operator_metrics() -> dict[str, tuple[str, ...]]:
+    """The operator's metric names as Prometheus sees them, with their label names."""
+    from prometheus_client import Counter, Gauge
+
+    names = {}
+    for value in vars(instrumentation).values():
+        if isinstance(value, Counter):
+            names[value._name + "_total"] = tuple(value._labelnames)
+        elif isinstance(value, Gauge):
+            names[value._name] = tuple(value._labelnames)
+    return names
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(?:specdecode_[a-z0-9_]+|vllm:[a-z0-9_:]+)", expr)) - {"specdecode_service", "specdecode_config_hash"}
+
+
+def prometheus_rule_groups() -> list[dict]:
+    return yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"]
+
+
+def pyproject_version() -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+
+
+# --------------------------------------------------------------------------- kustomize tree
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_builds(overlay):
+    kinds = {o["kind"] for o in kustomize(f"overlays/{overlay}")}
+    assert {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+            "ClusterKopfPeering", "Deployment", "Service"} <= kinds
+    if overlay == "prometheus-operator":
+        assert {"ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+
+
+def test_crd_copy_is_the_generated_crd_byte_for_byte():
+    copy = MANIFESTS / "base" / "crd" / "specdecodeservices.yaml"
+    assert copy.read_bytes() == (REPO / "crds" / "specdecodeservices.yaml").read_bytes(), (
+        "manifests/base/crd/specdecodeservices.yaml is stale: "
+        "cp crds/specdecodeservices.yaml manifests/base/crd/specdecodeservices.yaml")
+
+
+def test_crds_kustomization_is_exactly_the_base_crds():
+    base_crds = sorted(o["metadata"]["name"] for o in kustomize("base") if o["kind"] == "CustomResourceDefinition")
+    crds_only = kustomize("crds")
+    assert {o["kind"] for o in crds_only} == {"CustomResourceDefinition"}
+    assert sorted(o["metadata"]["name"] for o in crds_only) == base_crds
+    assert C.CRD_NAME in base_crds and "clusterkopfpeerings.kopf.dev" in base_crds
+
+
+def test_lead_files_are_used_as_they_are():
+    """rbac.yaml and kopf-peering.yaml are applied by path in the e2e harness: the install
+    must be made of exactly those objects, not copies."""
+    base = kustomize("base")
+    for path in ("rbac.yaml", "kopf-peering.yaml"):
+        for doc in (d for d in yaml.safe_load_all((MANIFESTS / "base" / path).read_text()) if d):
+            built = find(base, doc["kind"], doc["metadata"]["name"])
+            labels = dict(built["metadata"].get("labels") or {})
+            labels.pop("app.kubernetes.io/part-of", None)
+            built = {**built, "metadata": {**built["metadata"], "labels": labels}}
+            if not labels:
+                built["metadata"].pop("labels")
+            assert built == doc
+
+
+# --------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_strictly(overlay):
+    import kubernetes_validate
+
+    custom = crd_validators()
+    for obj in kustomize(f"overlays/{overlay}"):
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        key = (obj["apiVersion"], obj["kind"])
+        if key in custom:
+            errors = sorted(custom[key].iter_errors(obj), key=lambda e: list(e.path))
+            assert not errors, f"{where}: " + "; ".join(f"{list(e.path)}: {e.message}" for e in errors)
+        else:
+            try:
+                kubernetes_validate.validate(obj, KUBERNETES_SCHEMA_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                pytest.fail(f"{where}: {err.message} at {list(err.path)}")
+
+
+def test_crd_schema_validation_is_strict():
+    """The custom-resource check would catch a typo: it is not a rubber stamp."""
+    validators = crd_validators()
+    monitor = find(kustomize("overlays/prometheus-operator"), "ServiceMonitor")
+    typo = json.loads(json.dumps(monitor))
+    typo["spec"]["endpoints"][0]["honourLabels"] = True
+    assert list(validators[("monitoring.coreos.com/v1", "ServiceMonitor")].iter_errors(typo))
+    rule = find(kustomize("overlays/prometheus-operator"), "PrometheusRule")
+    wrong = json.loads(json.dumps(rule))
+    wrong["spec"]["groups"][0]["rules"][0]["for"] = 10
+    assert list(validators[("monitoring.coreos.com/v1", "PrometheusRule")].iter_errors(wrong))
+
+
+# --------------------------------------------------------------------------- the operator
+
+def operator_deployment(overlay: str = "default") -> dict:
+    return find(kustomize(f"overlays/{overlay}"), "Deployment", C.OPERATOR_NAME)
+
+
+def operator_container() -> dict:
+    (container,) = operator_deployment()["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_one_replica_recreated_never_two():
+    spec = operator_deployment()["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_pod_runs_restricted():
+    pod = operator_deployment()["spec"]["template"]["spec"]
+    container = operator_container()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is True
+    # The read-only root needs a writable /tmp, and the image points every cache there.
+    tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert len(tmp) == 1
+    assert any(v["name"] == tmp[0]["name"] and "emptyDir" in v for v in pod["volumes"])
+    namespace = find(kustomize("overlays/default"), "Namespace", OPERATOR_NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_probes_ports_and_resources():
+    container = operator_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 8081}
+    for probe in ("livenessProbe", "startupProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    resources = container["resources"]
+    assert {"cpu", "memory"} <= set(resources["requests"])
+    assert "memory" in resources["limits"]
+
+
+def test_environment_is_valid_operator_settings():
+    """Every variable the Deployment sets is a setting, and together they load; the ports and
+    the peering name they give are the ones the manifests use elsewhere."""
+    env = {e["name"]: e["value"] for e in operator_container()["env"]}
+    fields = {ENV_PREFIX + name.upper() for name in OperatorSettings.model_fields}
+    assert set(env) <= fields, f"unknown settings: {set(env) - fields}"
+    settings = OperatorSettings.from_environment(environ=env)
+    assert settings.log_format == "json"
+    assert env["SPECDECODE_PROMETHEUS_URL"].startswith("http")
+    ports = {p["name"]: p["containerPort"] for p in operator_container()["ports"]}
+    assert (settings.liveness_port, settings.metrics_port) == (ports["healthz"], ports["metrics"])
+    peering = find(kustomize("overlays/default"), "ClusterKopfPeering")
+    assert settings.peering_name == peering["metadata"]["name"]
+    assert settings.standalone is False and settings.namespaces == []
+
+
+def test_runs_as_the_account_the_rbac_binds():
+    objects = kustomize("overlays/default")
+    pod = operator_deployment()["spec"]["template"]["spec"]
+    account = find(objects, "ServiceAccount", pod["serviceAccountName"])
+    binding = find(objects, "ClusterRoleBinding", C.OPERATOR_NAME)
+    assert {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"]} in binding["subjects"]
+    role = find(objects, "ClusterRole", binding["roleRef"]["name"])
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+
+
+def test_image_is_this_version():
+    name, _, tag = operator_container()["image"].rpartition(":")
+    assert name == C.OPERATOR_NAME and tag == pyproject_version()
+
+
+def test_operator_deployment_is_not_taken_for_a_child():
+    """The operator watches Deployments labelled managed-by=specdecode-operator as its vLLM
+    children; its own Deployment must not carry that label, nor Argo CD's tracking label."""
+    for obj in (operator_deployment(), operator_deployment()["spec"]["template"]):
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.get(C.LABEL_MANAGED_BY) != C.LABEL_MANAGED_BY_VALUE
+        assert "app.kubernetes.io/instance" not in labels
+
+
+def test_metrics_service_and_monitor_find_the_operator():
+    objects = kustomize("overlays/prometheus-operator")
+    service = find(objects, "Service", METRICS_JOB)
+    pod_labels = operator_deployment()["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    # The per-service gauges carry `namespace` and `service`; only honorLabels keeps them.
+    assert endpoint["honorLabels"] is True
+
+
+def test_dashboard_configmap_is_picked_up_by_grafana():
+    config_map = find(kustomize("overlays/prometheus-operator"), "ConfigMap", "specdecode-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == OPERATOR_NAMESPACE
+    assert json.loads(config_map["data"]["specdecode.json"]) == json.loads(DASHBOARD.read_text())
+
+
+# --------------------------------------------------------------------------- alerts
+
+def test_alerts_cover_the_failure_modes():
+    alerts = {r["alert"]: r for g in prometheus_rule_groups() for r in g["rules"]}
+    assert set(alerts) == {
+        "SpecDecodeOperatorDown", "SpecDecodeReconcileErrors", "SpecDecodeOperatorErrors",
+        "SpecDecodeSpeculationDisabledByFallback", "SpecDecodeAcceptanceBelowFloor", "SpecDecodeMetricsUnavailable",
+    }
+    for name, rule in alerts.items():
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        assert {"summary", "description", "runbook"} <= set(rule["annotations"]), name
+    assert f'job="{METRICS_JOB}"' in alerts["SpecDecodeOperatorDown"]["expr"]
+
+
+def test_rules_and_dashboard_name_only_existing_metrics_with_their_labels():
+    operator_metrics = exposed_operator_metrics()
+    exprs = [r["expr"] for g in prometheus_rule_groups() for r in g["rules"]]
+    exprs += [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p.get("targets", [])]
+    used = set().union(*(metric_names(e) for e in exprs))
+    assert used, "no metric names found"
+    unknown = {m for m in used if m not in operator_metrics and m not in VLLM_METRICS}
+    assert not unknown, f"metrics that neither the operator nor vLLM exposes: {unknown}"
+    # The rules and panels select the operator's gauges by `namespace` and `service`.
+    for gauge in ("specdecode_speculation_enabled", "specdecode_metrics_available",
+                  "specdecode_speculative_tokens", "specdecode_acceptance_rate"):
+        assert operator_metrics[gauge] == ("namespace", "service"), gauge
+    assert "action" in operator_metrics["specdecode_decisions_total"]
+
+
+def _promtool() -> str:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; .ci/run installs it)")
+    return promtool
+
+
+def _write_rules(path: Path, groups: list[dict]) -> Path:
+    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    return path
+
+
+def test_rules_pass_promtool_check(tmp_path):
+    done = subprocess.run([_promtool(), "check", "rules", str(_write_rules(tmp_path / "rules.yaml", prometheus_rule_groups()))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _series(name: str, labels: dict, values: str) -> dict:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+SERVICE = {"namespace": "team-a", "service": "llama"}
+VLLM = {"namespace": "team-a", "specdecode_service": "llama"}
+QUIET = {"namespace": "team-b", "specdecode_service": "qwen"}
+OPERATOR_TARGET = {"job": METRICS_JOB, "namespace": OPERATOR_NAMESPACE}
+
+# promtool unit tests: each alert fires on the series that should fire it, and only on those.
+ALERT_TESTS = [
+    {"interval": "1m", "input_series": [_series("up", OPERATOR_TARGET, "1x5 0x30")],
+     "alert_rule_test": [
+         {"eval_time": "5m", "alertname": "SpecDecodeOperatorDown", "exp_alerts": []},
+         {"eval_time": "12m", "alertname": "SpecDecodeOperatorDown", "exp_alerts": []},
+         {"eval_time": "20m", "alertname": "SpecDecodeOperatorDown", "exp_alerts": [{"exp_labels": {"severity": "critical"}}]},
+     ]},
+    {"interval": "1m", "input_series": [_series("specdecode_reconciles_total", {"result": "ok"}, "0+5x40")],
+     "alert_rule_test": [
+         # Never scraped at all is down too.
+         {"eval_time": "30m", "alertname": "SpecDecodeOperatorDown", "exp_alerts": [{"exp_labels": {"severity": "critical"}}]},
+         {"eval_time": "30m", "alertname": "SpecDecodeReconcileErrors", "exp_alerts": []},
+     ]},
+    {"interval": "1m", "input_series": [
+        _series("up", OPERATOR_TARGET, "1x40"),
+        _series("specdecode_reconciles_total", {**OPERATOR_TARGET, "result": "error"}, "0+1x40"),
+        _series("specdecode_errors_total", {**OPERATOR_TARGET, "stage": "apply"}, "0+1x40"),
+        _series("specdecode_errors_total", {**OPERATOR_TARGET, "stage": "status"}, "3x40"),
+    ], "alert_rule_test": [
+        {"eval_time": "10m", "alertname": "SpecDecodeReconcileErrors", "exp_alerts": []},
+        {"eval_time": "30m", "alertname": "SpecDecodeReconcileErrors", "exp_alerts": [{"exp_labels": {"severity": "warning"}}]},
+        {"eval_time": "30m", "alertname": "SpecDecodeOperatorErrors",
+         "exp_alerts": [{"exp_labels": {"severity": "warning", "stage": "apply"}}]},
+        {"eval_time": "30m", "alertname": "SpecDecodeOperatorDown", "exp_alerts": []},
+    ]},
+    {"interval": "1m", "input_series": [
+        # llama: on, then turned off by a disable decision at minute 10.
+        _series("specdecode_speculation_enabled", SERVICE, "1x10 0x40"),
+        # qwen: off all along (declared off by its user), no decision of the operator.
+        _series("specdecode_speculation_enabled", {"namespace": "team-b", "service": "qwen"}, "0x50"),
+        _series("specdecode_decisions_total", {"action": "disable", "mode": "Auto"}, "0x10 1x40"),
+    ], "alert_rule_test": [
+        {"eval_time": "5m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
+        {"eval_time": "20m", "alertname": "SpecDecodeSpeculationDisabledByFallback",
+         "exp_alerts": [{"exp_labels": {"severity": "warning", **SERVICE}}]},
+    ]},
+    {"interval": "1m", "input_series": [
+        _series("specdecode_speculation_enabled", SERVICE, "1x10 0x80"),
+        _series("specdecode_decisions_total", {"action": "set_k", "mode": "Auto"}, "0x10 1x80"),
+    ], "alert_rule_test": [
+        # Off without a disable or fallback decision (the user edited the spec): no alert.
+        {"eval_time": "20m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
+    ]},
+    {"interval": "1m", "input_series": [
+        # llama: alpha 0.3 with 100 drafts a minute; qwen: alpha 0.7.
+        _series("vllm:spec_decode_num_drafts_total", VLLM, "0+100x100"),
+        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "0"}, "0+30x100"),
+        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "1"}, "0+9x100"),
+        _series("vllm:spec_decode_num_drafts_total", QUIET, "0+100x100"),
+        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**QUIET, "position": "0"}, "0+70x100"),
+    ], "alert_rule_test": [
+        {"eval_time": "20m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
+        {"eval_time": "60m", "alertname": "SpecDecodeAcceptanceBelowFloor",
+         "exp_alerts": [{"exp_labels": {"severity": "warning", **VLLM}}]},
+    ]},
+    {"interval": "1m", "input_series": [
+        # A trickle of drafts (one every 20 minutes) is not enough to judge.
+        _series("vllm:spec_decode_num_drafts_total", VLLM, "0+0.05x100"),
+        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "0"}, "0x100"),
+    ], "alert_rule_test": [
+        {"eval_time": "90m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
+    ]},
+    {"interval": "1m", "input_series": [
+        _series("specdecode_metrics_available", SERVICE, "1x5 0x30"),
+        _series("specdecode_metrics_available", {"namespace": "team-b", "service": "qwen"}, "1x35"),
+    ], "alert_rule_test": [
+        {"eval_time": "15m", "alertname": "SpecDecodeMetricsUnavailable", "exp_alerts": []},
+        {"eval_time": "25m", "alertname": "SpecDecodeMetricsUnavailable",
+         "exp_alerts": [{"exp_labels": {"severity": "warning", **SERVICE}}]},
+    ]},
+]
+
+
+def test_alerts_fire_exactly_when_they_should(tmp_path):
+    promtool = _promtool()
+    # promtool compares annotations exactly; the unit tests are about expr, for and labels.
+    groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
+              for g in prometheus_rule_groups()]
+    _write_rules(tmp_path / "rules.yaml", groups)
+    tests = tmp_path / "tests.yaml"
+    tests.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": ALERT_TESTS},
+                                    sort_keys=False))
+    done = subprocess.run([promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------- dashboard
+
+def test_dashboard_has_the_panels_a_platform_team_asks_for():
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"]
+    panels = {p["title"]: p for p in dashboard["panels"] if p["type"] != "row"}
+    expressions = {title: " ".join(t["expr"] for t in p["targets"]) for title, p in panels.items()}
+
+    def panel_with(*fragments):
+        return [t for t, e in expressions.items() if all(f in e for f in fragments)]
+
+    assert panel_with("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+                      "namespace, specdecode_service")
+    assert panel_with("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    assert panel_with("specdecode_speculative_tokens")
+    assert panel_with("histogram_quantile(0.95", "vllm:e2e_request_latency_seconds_bucket")
+    assert panel_with("histogram_quantile(0.95", "vllm:request_time_per_output_token_seconds_bucket")
+    assert panel_with("increase(specdecode_decisions_total[1h])")
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "service"} <= variables
+    for panel in panels.values():
+        assert panel["datasource"]["uid"] == "${datasource}"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_dashboard_queries_parse(tmp_path):
+    """Each panel query is valid PromQL once Grafana's variables are substituted."""
+    promtool = _promtool()
+    substitutions = {"$__rate_interval": "5m", "$namespace": ".*", "$service": ".*"}
+    rules = []
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in substitutions.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, expr
+            rules.append({"record": f"dashboard:panel{panel['id']}:{target['refId'].lower()}", "expr": expr})
+    path = _write_rules(tmp_path / "dashboard.yaml", [{"name": "dashboard", "rules": rules}])
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------- third-party CRDs
+
+def test_prometheus_operator_crds_are_the_recorded_ones():
+    recorded = {}
+    for line in (THIRD_PARTY_PO / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        recorded[name] = digest
+    files = sorted(p.name for p in THIRD_PARTY_PO.glob("monitoring.coreos.com_*.yaml"))
+    assert sorted(recorded) == files
+    for name in files:
+        assert hashlib.sha256((THIRD_PARTY_PO / name).read_bytes()).hexdigest() == recorded[name], (
+            f"{name} changed: regenerate with generate.sh (it rewrites SHA256SUMS)")
+    kinds = {o["spec"]["names"]["kind"]: o for o in kustomize("third_party/prometheus-operator")}
+    assert set(kinds) == {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    for crd in kinds.values():
+        assert crd["spec"]["group"] == "monitoring.coreos.com"
+        assert [v["name"] for v in crd["spec"]["versions"] if v["storage"]] == ["v1"]
+
+
+# --------------------------------------------------------------------------- documentation
+
+def test_readme_documents_every_setting():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Running the operator", 1)[1].split("\n## ", 1)[0]
+    for name in OperatorSettings.model_fields:
+        assert f"`{ENV_PREFIX}{name.upper()}`" in section, f"{ENV_PREFIX}{name.upper()} is not in the configuration table"
