@@ -70,6 +70,7 @@ _COMMAND_MODULES = [
     "specdecode.commands.cluster",
     "specdecode.commands.diagnose",
     "specdecode.commands.sim",
+    "specdecode.commands.bench",
 ]
 
 

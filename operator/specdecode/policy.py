@@ -32,8 +32,8 @@ Order of the rules (the first that applies decides):
    ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
 6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
    off (or minK).
-7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every probe that failed,
-   up to ``reprobe_backoff_max`` times), when the model predicts that a remembered good
+7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every further probe
+   that failed in a row, up to ``reprobe_backoff_max`` times), when the model predicts that a remembered good
    acceptance would pay at the current load; at the best K for a slightly lower acceptance
    (conservative).
 8. Tuning: the best config by predicted score; act only when it beats the current one by the
@@ -56,9 +56,10 @@ Prediction (the performance model calibrated to the observations):
   TPOT and goodput; ``score(k) = min(goodput_k / best goodput, best latency / latency_k)``
   (the benchmark's headline score); ``speedup(k) = latency(current) / latency(k)``;
 * restart price: a change restarts every replica; with ``maxSurge`` 0 each round takes
-  ``maxUnavailable`` replicas away for ``restart_s``. Price = extra request-seconds of latency
-  (and lost good tokens) while fewer replicas serve; a change must repay it within
-  ``payback_horizon_s`` through its predicted gain.
+  ``maxUnavailable`` replicas away for ``restart_s`` while the others carry the load and the
+  queue builds. `switch_outlook` compares staying with switching now over
+  ``payback_horizon_s`` (the rollout's rounds with the queue carried, then the new config):
+  a change must save latency (or win good tokens) over that horizon, restart included.
 
 Confidence: alpha's standard error is binomial over the trials times an overdispersion factor
 (tokens of one request are correlated); the request rate's relative error is
@@ -119,6 +120,8 @@ class PolicyTuning:
     """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
     payback_horizon_s: float = 1800.0
     """A change must repay its restart price within this time."""
+    min_switch_saving: float = 0.01
+    """Switching (restart included) must save at least 1% of latency over the horizon."""
     prediction_horizon_s: float = perfmodel.DEFAULT_HORIZON_S
     """Phase length the performance model evaluates each config over (queue growth counts)."""
     stale_after_scrapes: float = 4.0
@@ -126,7 +129,8 @@ class PolicyTuning:
     missing_grace_scrapes: float = 3.0
     """A live config without series after this many scrapes past its warm-up: missing."""
     reprobe_backoff_max: int = 8
-    """The re-probe interval doubles after each failed probe, up to this factor."""
+    """The re-probe interval doubles after each failed probe from the second on, up to this
+    factor."""
     default_probe_alpha: float = 0.6
     """Acceptance assumed for a re-probe when history remembers no better one."""
     probe_alpha_discount: float = 0.05
@@ -707,70 +711,89 @@ def predict(
     return out
 
 
-def restart_price(
-    calibration: Calibration, est: Estimate, current: int, settings: PolicySettings
-) -> tuple[float, float, float]:
-    """(latency price in request-seconds, lost good tokens, rollout duration in seconds).
+@dataclass(frozen=True)
+class SwitchOutlook:
+    """Staying vs switching now, over the payback horizon, restart included."""
 
-    A change restarts every replica. With maxSurge >= 1 new pods start before old ones stop
-    and capacity is kept (price 0). With maxSurge 0, rounds of maxUnavailable replicas each
-    serve nothing for ``restart_s`` while the others carry the load at the current config.
-    """
+    stay_request_s: float
+    """Request-seconds of e2e latency of the arrivals over the horizon if nothing changes."""
+    switch_request_s: float
+    """The same if the change starts now: the rollout's rounds, then the new config."""
+    stay_good_tokens: float
+    switch_good_tokens: float
+    rollout_s: float
+
+    @property
+    def saving(self) -> float:
+        """Relative latency saving of switching (> 0: switching is better)."""
+        if not math.isfinite(self.stay_request_s) or self.stay_request_s <= 0:
+            return 1.0 if math.isfinite(self.switch_request_s) else 0.0
+        if not math.isfinite(self.switch_request_s):
+            return -math.inf
+        return 1.0 - self.switch_request_s / self.stay_request_s
+
+    def pays(self, min_saving: float) -> bool:
+        """Switching saves latency, or wins good tokens without costing latency."""
+        if self.saving >= min_saving:
+            return True
+        more_good = self.switch_good_tokens > self.stay_good_tokens * (1.0 + 2.0 * min_saving)
+        return more_good and self.saving >= 0.0
+
+
+def switch_outlook(
+    calibration: Calibration,
+    est: Estimate,
+    current: int,
+    target: int,
+    settings: PolicySettings,
+    alpha: float | None = None,
+) -> SwitchOutlook:
+    """Compare staying with switching now over ``payback_horizon_s`` (the same phases the
+    benchmark scores): with maxSurge 0 each round of the rollout takes maxUnavailable
+    replicas away for ``restart_s`` while the others serve (the majority's config), the
+    queue carries from round to round and into the new config; with maxSurge >= 1 capacity
+    is kept and the old config serves half of the rollout."""
+    horizon = settings.tuning.payback_horizon_s
+    workload = _workload(est, est.alpha if alpha is None else alpha)
     replicas = max(1, calibration.on.replicas)
-    if settings.max_surge >= 1:
-        return 0.0, 0.0, settings.restart_s
-    down = max(1, min(settings.max_unavailable, replicas))
-    rounds = math.ceil(replicas / down)
-    duration = rounds * settings.restart_s
-    if duration <= 0 or est.request_rate <= 0:
-        return 0.0, 0.0, duration
-    params = calibration.params_for(current)
-    workload = _workload(est, est.alpha)
+    slo = (settings.slo_e2e_s, settings.slo_tpot_s)
     backlog = round(est.waiting, 1)
-    normal = _phase(
-        params, workload, current, duration, backlog, replicas,
-        settings.slo_e2e_s, settings.slo_tpot_s,
-    )
-    if replicas - down <= 0:
-        # An outage: requests wait for the restart (half of it on average) on top.
-        extra_latency = settings.restart_s / 2.0
-        lost_good = normal.goodput_tokens_per_s * duration
+    stay = _phase(calibration.params_for(current), workload, current, horizon, backlog, replicas, *slo)
+
+    pieces: list[tuple[int, float, int]] = []  # (config, seconds, serving replicas)
+    if settings.max_surge >= 1:
+        pieces.append((current, replicas * settings.restart_s / 2.0, replicas))
     else:
-        reduced = _phase(
-            params, workload, current, settings.restart_s, backlog, replicas - down,
-            settings.slo_e2e_s, settings.slo_tpot_s,
-        )
-        extra_latency = max(0.0, reduced.e2e_mean_s - normal.e2e_mean_s)
-        if not math.isfinite(extra_latency):
-            extra_latency = settings.restart_s / 2.0
-        lost_good = max(0.0, normal.goodput_tokens_per_s - reduced.goodput_tokens_per_s) * duration
-    return est.request_rate * duration * extra_latency, lost_good, duration
+        down = max(1, min(settings.max_unavailable, replicas))
+        serving = replicas - down
+        for j in range(math.ceil(replicas / down)):
+            config = target if (j * down) * 2 > serving else current
+            pieces.append((config, settings.restart_s, serving))
+    rollout = math.fsum(seconds for _, seconds, _ in pieces)
+    if rollout < horizon:
+        pieces.append((target, horizon - rollout, replicas))
 
-
-def repays(
-    current: ConfigPrediction,
-    candidate: ConfigPrediction,
-    price: tuple[float, float, float],
-    request_rate: float,
-    horizon_s: float,
-) -> tuple[bool, float]:
-    """Whether the candidate's predicted gain repays the restart price within the horizon.
-
-    Returns (repays, payback seconds). Gains count in request-seconds of latency saved and in
-    good tokens won; either paying back suffices.
-    """
-    latency_price, good_price, _ = price
-    latency_gain = request_rate * _finite_gap(current.e2e_mean_s, candidate.e2e_mean_s)
-    good_gain = candidate.goodput_tokens_per_s - current.goodput_tokens_per_s
-    paybacks = []
-    if latency_gain > 0:
-        paybacks.append(latency_price / latency_gain)
-    if good_gain > 0:
-        paybacks.append(good_price / good_gain)
-    if not paybacks:
-        return False, math.inf
-    payback = min(paybacks)
-    return payback <= horizon_s, payback
+    cost = good = 0.0
+    queue = backlog
+    for config, seconds, serving in pieces:
+        if seconds <= 0:
+            continue
+        if serving <= 0:
+            arrivals = workload.request_rate * seconds
+            cost += arrivals * seconds / 2.0
+            queue += arrivals
+            continue
+        piece = _phase(calibration.params_for(config), workload, config, seconds, round(queue, 1), serving, *slo)
+        cost += piece.arrivals * piece.e2e_mean_s
+        good += piece.goodput_tokens_per_s * seconds
+        queue = piece.queue_end
+    return SwitchOutlook(
+        stay_request_s=stay.arrivals * stay.e2e_mean_s,
+        switch_request_s=cost,
+        stay_good_tokens=stay.goodput_tokens_per_s * horizon,
+        switch_good_tokens=good,
+        rollout_s=rollout,
+    )
 
 
 def _finite_gap(a: float, b: float) -> float:
@@ -854,6 +877,10 @@ def _fmt_s(seconds: float | None) -> str:
     if seconds < 120:
         return f"{seconds:.2f}s"
     return f"{seconds / 60:.1f}min"
+
+
+def _fmt_pct(value: float) -> str:
+    return "inf" if not math.isfinite(value) else f"{value:.0%}"
 
 
 def _fmt_x(value: float) -> str:
@@ -1289,7 +1316,12 @@ def _reprobe(
     flags: tuple[bool, str, str],
 ) -> Decision:
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
-    backoff = min(t.reprobe_backoff_max, 2**memory.failed_probes)
+    # The first failed probe may have met the tail of a dip: only repeated failures back off.
+    # A draft never seen above the floor counts as one failure already (probing it is a
+    # long shot); one seen paying before gets the plain interval.
+    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
+    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
+    backoff = min(t.reprobe_backoff_max, 2**exponent)
     interval = s.reprobe_interval_s * backoff
     off_since = ctx.state.since
     remembered = memory.best_alpha
@@ -1299,7 +1331,10 @@ def _reprobe(
     best = max(ks, key=lambda k: (preds[k].score, -k)) if ks else None
     wait = off_since + interval - ctx.now
     if wait > 0:
-        extra = f" (x{backoff} after {memory.failed_probes} failed probes)" if backoff > 1 else ""
+        extra = ""
+        if backoff > 1:
+            never = ", acceptance never seen above the floor" if never_good else ""
+            extra = f" (x{backoff} after {memory.failed_probes} failed probes{never})"
         return _make(
             ctx, Action.HOLD, None, "hold",
             f"speculation off since {_fmt_s(ctx.now - off_since)} ago; re-probe in "
@@ -1327,7 +1362,7 @@ def _reprobe(
         f"re-probe after {_fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
         f"predicted {_fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
     )
-    return _change(ctx, probe_k, "reprobe", reason, preds, flags, est, scale, guard=False)
+    return _change(ctx, probe_k, "reprobe", reason, preds, flags, est, scale, guard=False, alpha=alpha)
 
 
 def _tune(
@@ -1379,30 +1414,34 @@ def _change(
     scale: float | None,
     *,
     guard: bool,
+    alpha: float | None = None,
 ) -> Decision:
-    """A change to ``target``, unless the restart price, cooldown or budget forbids it."""
+    """A change to ``target``, unless the restart price, cooldown or budget forbids it.
+
+    ``alpha`` is the acceptance the predictions assumed (a re-probe's), default the estimate's.
+    """
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
     current = ctx.current
     pred_map = dict(preds) if isinstance(preds, Mapping) else {p.k: p for p in preds}
     keep = ctx.state.k
 
-    # Price: a change must repay its restarts (bounds fixes are exempt: the spec demands them).
+    # Price: switching now, restart included, must beat staying over the payback horizon
+    # (bounds fixes are exempt: the spec demands them).
     if rule != "bounds" and est is not None and current in pred_map and target in pred_map:
         calibration, _ = _calibrate(ctx, est)
-        price = restart_price(calibration, est, current, s)
-        ok, payback = repays(
-            pred_map[current], pred_map[target], price, est.request_rate, t.payback_horizon_s
-        )
-        if not ok:
+        outlook = switch_outlook(calibration, est, current, target, s, alpha)
+        if not outlook.pays(t.min_switch_saving):
             return _make(
                 ctx, Action.HOLD, keep, rule,
-                f"would move to {_label(target)} ({reason}), but the restart "
-                f"({_fmt_s(price[2])}, {price[0]:.0f} request-s) does not repay within "
-                f"{_fmt_s(t.payback_horizon_s)}",
+                f"would move to {_label(target)} ({reason}), but over "
+                f"{_fmt_s(t.payback_horizon_s)} the restart ({_fmt_s(outlook.rollout_s)}) makes "
+                f"it {_fmt_pct(-outlook.saving)} slower than staying",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
-        if math.isfinite(payback) and payback > 0:
-            reason = f"{reason}; restart repaid in {_fmt_s(payback)}"
+        reason = (
+            f"{reason}; switching saves {_fmt_pct(outlook.saving)} of latency over "
+            f"{_fmt_s(t.payback_horizon_s)}, restart included"
+        )
 
     if ctx.acting and rule != "bounds":
         if not guard and memory.last_change_at is not None:

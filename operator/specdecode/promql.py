@@ -115,13 +115,16 @@ def select_range(
     """
     end_ms = to_millis(at)
     start_ms = end_ms - to_millis(range_s)
-    times = [to_millis(t) for t, _ in samples]
     if rules.left_open_ranges:
-        lo = bisect.bisect_right(times, start_ms)
+        lo = bisect.bisect_right(samples, start_ms, key=_sample_millis)
     else:
-        lo = bisect.bisect_left(times, start_ms)
-    hi = bisect.bisect_right(times, end_ms)
+        lo = bisect.bisect_left(samples, start_ms, key=_sample_millis)
+    hi = bisect.bisect_right(samples, end_ms, lo=lo, key=_sample_millis)
     return [s for s in samples[lo:hi] if not math.isnan(s[1])]
+
+
+def _sample_millis(sample: Sample) -> int:
+    return round(sample[0] * 1000)
 
 
 def to_millis(seconds: float) -> int:
@@ -237,14 +240,14 @@ def instant_sample(
     the series vanished from a scrape); after it the series is absent from instant queries.
     """
     at_ms = to_millis(at)
-    times = [to_millis(t) for t, _ in samples]
-    index = bisect.bisect_right(times, at_ms) - 1
+    index = bisect.bisect_right(samples, at_ms, key=_sample_millis) - 1
     if index < 0:
         return None
     t, value = samples[index]
-    if times[index] <= at_ms - to_millis(rules.lookback_s) or math.isnan(value):
+    t_ms = to_millis(t)
+    if t_ms <= at_ms - to_millis(rules.lookback_s) or math.isnan(value):
         return None
-    if stale_at is not None and times[index] < to_millis(stale_at) <= at_ms:
+    if stale_at is not None and t_ms < to_millis(stale_at) <= at_ms:
         return None
     return (t, value)
 

@@ -280,7 +280,7 @@ def test_hysteresis_keeps_a_near_best_config():
 def test_restart_price_blocks_a_small_gain_with_one_spare_less_replica():
     load = Workload(12, 1000, 300, 0, 0.5)
     decision = P.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
-    assert decision.action is Action.HOLD and "does not repay" in decision.reason
+    assert decision.action is Action.HOLD and "slower than staying" in decision.reason
 
 
 def test_cooldown_blocks_tuning():
@@ -324,7 +324,10 @@ def test_high_load_turns_speculation_off():
 # --- re-probe ------------------------------------------------------------------------------
 
 
-DISABLED = (HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "collapse", True, 0.2, 1.0),)
+DISABLED = (
+    HistoryEntry(NOW - 9000, Action.SET_K, 5, 3, "tune", True, 0.8, 1.0),
+    HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "collapse", True, 0.2, 1.0),
+)
 
 
 def test_off_waits_for_the_reprobe_interval():
@@ -342,19 +345,25 @@ def test_reprobe_enables_a_conservative_k_after_the_interval():
 
 def test_reprobe_uses_remembered_good_acceptance():
     history = (
-        HistoryEntry(NOW - 9000, Action.SET_K, 5, 3, "", True, 0.9, 1.0),
+        HistoryEntry(NOW - 9500, Action.SET_K, 5, 3, "", True, 0.9, 1.0),
     ) + DISABLED
     decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
     assert decision.action is Action.ENABLE and "remembered alpha 0.90" in decision.reason
 
 
-def test_reprobe_backs_off_after_failed_probes():
-    history = DISABLED + (
+def test_reprobe_backs_off_after_repeated_failed_probes():
+    one_failure = DISABLED + (
         HistoryEntry(NOW - 2500, Action.ENABLE, None, 2),
-        HistoryEntry(NOW - 2000, Action.DISABLE, 2, None, "", True, 0.2, 1.2),
+        HistoryEntry(NOW - 2000, Action.DISABLE, 2, None, "", True, 0.2, 1.0),
     )
-    decision = P.decide(auto(), off(since=NOW - 2000), both(LOW, OFF), history, NOW)
-    assert decision.action is Action.HOLD and "x2 after 1 failed probes" in decision.reason
+    decision = P.decide(auto(), off(since=NOW - 2000), both(LOW, OFF), one_failure, NOW)
+    assert decision.action is Action.ENABLE  # one failure: the normal interval (30 min)
+    two_failures = one_failure + (
+        HistoryEntry(NOW - 1900, Action.ENABLE, None, 2),
+        HistoryEntry(NOW - 1850, Action.DISABLE, 2, None, "", True, 0.2, 1.0),
+    )
+    decision = P.decide(auto(), off(since=NOW - 1850), both(LOW, OFF), two_failures, NOW)
+    assert decision.action is Action.HOLD and "x2 after 2 failed probes" in decision.reason
 
 
 def test_no_reprobe_when_load_is_too_high_for_any_speculation():
@@ -486,3 +495,23 @@ def test_noise_around_a_steady_state_never_changes_anything(case, alpha_noise, r
     state = on(k) if k else off(since=NOW - 600)
     decision = P.decide(auto(), state, PolicyObservations.of(*obs), (), NOW)
     assert decision.action is Action.HOLD, decision.reason
+
+
+def test_remembered_slow_speculative_steps_keep_speculation_off():
+    """Calibration memory: a speculative step measured 20% slower than the prior (history)
+    is used for the on-side predictions while off, so a marginal re-probe is skipped."""
+    history = (
+        HistoryEntry(NOW - 9000, Action.SET_K, 5, 3, "tune", True, 0.5, 1.2),
+        HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "collapse", True, 0.2, 1.2),
+    )
+    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
+    assert decision.action is Action.HOLD and "would not pay" in decision.reason
+
+
+def test_a_draft_never_seen_paying_is_probed_less_often():
+    history = (HistoryEntry(NOW - 3000, Action.DISABLE, 3, None, "floor", True, 0.3, 1.0),)
+    decision = P.decide(auto(), off(since=NOW - 3000), both(LOW, OFF), history, NOW)
+    assert decision.action is Action.HOLD  # 50 min off: past 30 min, not past 2 x 30 min
+    assert "acceptance never seen above the floor" in decision.reason
+    later = P.decide(auto(), off(since=NOW - 3700), both(LOW, OFF), history, NOW)
+    assert later.action is Action.ENABLE

@@ -1,0 +1,194 @@
+"""Benchmark outputs: the terminal table, JSON, CSV and one PNG per scenario."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdecode.bench.run import ORACLE, POLICY, ScenarioResult
+
+CSV_FIELDS = (
+    "scenario", "strategy", "score", "goodput_ratio", "latency_ratio", "goodput_tokens_per_s",
+    "e2e_mean_s", "e2e_p95_s", "tpot_mean_s", "tpot_p95_s", "slo_violation_min", "changes",
+)
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or Infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def scenario_json(result: ScenarioResult) -> dict[str, Any]:
+    return _clean(
+        {
+            "name": result.name,
+            "description": result.description,
+            "path": result.path,
+            "duration_s": result.duration_s,
+            "method": result.method,
+            "slo": result.slo,
+            "best_static": result.best_static,
+            "oracle_source": result.oracle_source,
+            "strategies": {name: asdict(f) for name, f in result.strategies.items()},
+            "phases": result.phases,
+            "events": result.events,
+            "policy_changes": [asdict(c) for c in result.changes],
+            "policy_rules": result.rules,
+            "elapsed_s": result.elapsed_s,
+            "model_evaluations": result.evaluations,
+        }
+    )
+
+
+def suite_json(results: Sequence[ScenarioResult], summary: dict[str, Any]) -> dict[str, Any]:
+    return {"scenarios": [scenario_json(r) for r in results], "summary": _clean(summary)}
+
+
+def write_csv(results: Sequence[ScenarioResult], path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in results:
+            for name, f in r.strategies.items():
+                row = {"scenario": r.name, "strategy": name}
+                for key in CSV_FIELDS[2:]:
+                    value = getattr(f, key)
+                    row[key] = "" if isinstance(value, float) and not math.isfinite(value) else (
+                        round(value, 6) if isinstance(value, float) else value
+                    )
+                writer.writerow(row)
+
+
+def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], console: Any) -> None:
+    """The terminal table (rich): scores per scenario and strategy, then the targets."""
+    from rich.table import Table
+
+    names = [n for n in results[0].strategies if n not in (ORACLE,)] if results else []
+    table = Table(title="Policy benchmark: score vs the phase oracle (min of goodput and latency ratios)")
+    table.add_column("scenario")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_column("restarts p/o", justify="right")
+    table.add_column("SLO min p/o", justify="right")
+    table.add_column("fallback", justify="right")
+    table.add_column("best static", justify="right")
+    for r in results:
+        cells = []
+        best = max(r.strategies[n].score for n in names if n != POLICY)
+        for name in names:
+            score = r.strategies[name].score
+            text = f"{score:.3f}"
+            if name == POLICY:
+                text = f"[bold]{text}[/bold]"
+            elif score == best:
+                text = f"[green]{text}[/green]"
+            cells.append(text)
+        p, o = r.strategies[POLICY], r.strategies[ORACLE]
+        collapses = r.events["collapses"]
+        fallback = ", ".join(
+            "never" if c["fallback_s"] is None else f"{c['fallback_s'] / 60:.0f}m" for c in collapses
+        ) or "-"
+        cells += [
+            f"{p.changes}/{o.changes}",
+            f"{p.slo_violation_min:.0f}/{o.slo_violation_min:.0f}",
+            fallback,
+            r.best_static,
+        ]
+        table.add_row(r.name, *cells)
+    means = summary["mean_score_by_strategy"]
+    table.add_row("[bold]mean[/bold]", *[f"{means.get(n, math.nan):.3f}" for n in names], "", "", "", "")
+    console.print(table)
+    for target in summary["targets"]:
+        mark = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
+        console.print(f"  {mark}  {target['name']}: {target['detail']}")
+
+
+def plot_scenario(result: ScenarioResult, path: Path) -> None:
+    """K, acceptance, load, goodput and P95 e2e over time: the policy against the oracle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(5, 1, figsize=(11, 12), sharex=True)
+    minutes = 60.0
+
+    def steps(timeline, index):
+        xs, ys = [], []
+        for seg in timeline:
+            xs += [seg[0] / minutes, seg[1] / minutes]
+            ys += [seg[index], seg[index]]
+        return xs, ys
+
+    colors = {POLICY: "tab:blue", ORACLE: "tab:orange"}
+    for name in (ORACLE, POLICY):
+        timeline = result.timelines[name]
+        axes[0].plot(*steps(timeline, 2), label=name, color=colors[name], lw=1.6 if name == POLICY else 2.5,
+                     alpha=1.0 if name == POLICY else 0.6)
+        axes[3].plot(*steps(timeline, 3), label=name, color=colors[name], lw=1.2)
+        xs, ys = steps(timeline, 4)
+        axes[4].plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], label=name,
+                     color=colors[name], lw=1.2)
+    for change in result.changes:
+        axes[0].axvline(change.time / minutes, color="tab:blue", alpha=0.25, lw=0.8)
+    axes[0].set_ylabel("K (0 = off)")
+    axes[0].legend(loc="upper right")
+    truth = result.truth
+    xs, alpha = [], []
+    xs_rate, rate = [], []
+    for start, end, request_rate, a in truth:
+        xs += [start / minutes, end / minutes]
+        alpha += [a, a]
+        rate += [request_rate, request_rate]
+    axes[1].plot(xs, alpha, color="black", lw=1, label="true alpha")
+    if result.alpha_trace:
+        axes[1].plot([t / minutes for t, _ in result.alpha_trace], [a for _, a in result.alpha_trace],
+                     ".", ms=3, color="tab:blue", label="policy's estimate")
+    axes[1].set_ylabel("acceptance")
+    axes[1].set_ylim(0, 1)
+    axes[1].legend(loc="lower right")
+    axes[2].plot(xs, rate, color="tab:green", lw=1)
+    axes[2].set_ylabel("requests/s")
+    axes[3].set_ylabel("goodput (tok/s)")
+    axes[4].set_ylabel("P95 e2e (s)")
+    slo = result.slo.get("p95_e2e_s")
+    if slo:
+        axes[4].axhline(slo, color="red", ls="--", lw=1, label="SLO")
+    axes[4].set_yscale("log")
+    axes[4].legend(loc="upper right")
+    axes[4].set_xlabel("minutes")
+    p, o = result.strategies[POLICY], result.strategies[ORACLE]
+    fig.suptitle(
+        f"{result.name}: policy score {p.score:.3f} (goodput {p.goodput_ratio:.3f}, latency "
+        f"{p.latency_ratio:.3f}), restarts {p.changes} vs oracle {o.changes}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_outputs(results: Sequence[ScenarioResult], summary: dict[str, Any], out: Path) -> list[Path]:
+    """CSV, JSON and PNGs under ``out``; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    csv_path = out / "bench-policy.csv"
+    write_csv(results, csv_path)
+    written.append(csv_path)
+    json_path = out / "bench-policy.json"
+    json_path.write_text(json.dumps(suite_json(results, summary), indent=2), encoding="utf-8")
+    written.append(json_path)
+    for r in results:
+        png = out / f"{r.name}.png"
+        plot_scenario(r, png)
+        written.append(png)
+    return written

@@ -1,0 +1,456 @@
+"""Running one scenario: the policy in simulated time, the static choices, the oracle.
+
+The policy runs as in production, with the API's default autotune settings (Auto mode, 1m
+evaluations, 5m window, 2m warm-up, 10m cooldown, 4 changes per hour, 30m re-probe), the
+scenario's SLO and replicas, maxSurge 0 / maxUnavailable 1, a 15s scrape interval and the
+prior costs of the scenario's method (never the scenario's true costs or acceptance). Every
+scrape interval the Ready pods advance (`telemetry.Fleet`), every evaluation interval the
+policy reads them through the production reader and decides; a change rolls through the
+replicas one at a time, each new pod Ready after the scenario's true ``rollout_s``.
+
+Figures of a strategy (all from `engine.Segment` lists, BENCHMARK.md's definitions):
+- goodput: output tokens per second of requests meeting both SLO bounds, time-averaged;
+- latency: time-weighted mean of e2e and TPOT; P95 of the time-weighted mixture of the
+  segments' latency distributions (lognormal fitted to each segment's mean and P95);
+- SLO-violation minutes: time whose P95 e2e or P95 TPOT is above its bound;
+- score: min(goodput / oracle goodput, oracle mean e2e / mean e2e);
+- changes: config changes (each restarts every replica);
+- fallback: after a collapse (true acceptance falls below the floor) the time until the
+  policy's first decision that reduces speculation, also in evaluation intervals after the
+  collapse became visible (one scrape after it);
+- re-enable: after a recovery (acceptance back above the floor) the time until the policy
+  turns speculation on;
+- stationary changes: policy changes later than the settling time after a phase start
+  (warm-up + window + rollout of every replica + two evaluations); re-probes and their
+  abandonment are counted apart as exploration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+from specdecode import api, perfmodel
+from specdecode import policy as pol
+from specdecode.bench import engine, telemetry
+from specdecode.metrics import QueryScope, guard_window
+from specdecode.perfmodel import OFF
+from specdecode.scenario import Scenario, load_scenario
+
+STATIC_KS = (1, 3, 5, 8)
+POLICY = "policy"
+ORACLE = "oracle"
+SCRAPE_INTERVAL_S = 15.0
+_Z95 = NormalDist().inv_cdf(0.95)
+
+
+def strategy_name(config: int) -> str:
+    return "off" if config == OFF else f"K={config}"
+
+
+def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> pol.PolicySettings:
+    """The API's defaults applied to the scenario's service (SLO, replicas, K bounds)."""
+    auto, rollout, spec_k = api.Autotune(), api.Rollout(), scenario.params
+    window = api.parse_duration(auto.window)
+    return pol.PolicySettings(
+        mode=pol.Mode.AUTO,
+        method=scenario.method,
+        configured_k=min(spec_k.max_k, max(spec_k.min_k, 3)),
+        min_k=spec_k.min_k,
+        max_k=spec_k.max_k,
+        allow_disable=True,
+        evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
+        window_s=window,
+        guard_window_s=guard_window(window, scrape_interval_s),
+        warmup_s=api.parse_duration(auto.warmup),
+        min_drafts=auto.min_drafts,
+        min_requests=auto.min_requests,
+        acceptance_floor=auto.acceptance_floor,
+        slo_e2e_s=scenario.slo.p95_e2e_s,
+        slo_tpot_s=scenario.slo.p95_tpot_s,
+        cooldown_s=api.parse_duration(auto.cooldown),
+        max_changes_per_hour=auto.max_changes_per_hour,
+        reprobe_interval_s=api.parse_duration(auto.reprobe_interval),
+        replicas=spec_k.replicas,
+        max_surge=rollout.max_surge,
+        max_unavailable=rollout.max_unavailable,
+        restart_s=180.0,
+        scrape_interval_s=scrape_interval_s,
+    )
+
+
+# --- the policy in simulated time ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """One applied decision of the policy."""
+
+    time: float
+    from_config: int
+    to_config: int
+    rule: str
+    reason: str
+
+
+@dataclass
+class PolicyRun:
+    schedule: list[engine.Serving]
+    changes: list[Change]
+    alpha_trace: list[tuple[float, float]] = field(default_factory=list)
+    rules: dict[str, int] = field(default_factory=dict)
+    decisions: int = 0
+    metrics_unavailable: int = 0
+
+
+def _align(t: float, step: float) -> float:
+    return math.ceil(t / step - 1e-9) * step
+
+
+def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
+    """The policy against the scenario (deterministic in the scenario's seed)."""
+    params = scenario.params
+    replicas = params.replicas
+    scrape = settings.scrape_interval_s
+    every = max(1, round(settings.evaluation_interval_s / scrape))
+    rollout_s = _align(params.rollout_s, scrape)
+    long_scope = QueryScope.of(settings.window_s)
+    guard_scope = QueryScope.of(settings.guard_window_s)
+    fleet = telemetry.Fleet(
+        scenario.name, scenario.method, params, scenario.seed,
+        telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
+    )
+    config = settings.configured_k
+    for slot in range(replicas):
+        fleet.start(slot, config)
+    state = pol.PolicyState(True, config, since=0.0, live_since=0.0, ready_replicas=replicas)
+    history: list[pol.HistoryEntry] = []
+    run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
+    transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
+    live_at: float | None = None
+
+    steps = int(math.floor(scenario.duration / scrape))
+    for step in range(steps):
+        t0 = step * scrape
+        t = t0 + scrape
+        truth = scenario.true_conditions(t0)
+        if fleet.ready:
+            fleet.advance(scrape, truth.workload)
+        due = [tr for tr in transitions if tr[0] <= t + 1e-9]
+        transitions = [tr for tr in transitions if tr[0] > t + 1e-9]
+        for when, slot, what, new_config in sorted(due):
+            if what == "stop":
+                fleet.stop(slot, when)
+            else:
+                fleet.start(slot, new_config)
+        if live_at is not None and t >= live_at - 1e-9:
+            state = pol.PolicyState(state.enabled, state.k, state.since, live_at, fleet.ready)
+            live_at = None
+        outage = scenario.metrics_outage_at(t)
+        if not outage:
+            fleet.scrape(t)
+        if (step + 1) % every:
+            continue
+
+        if outage:
+            observed = pol.PolicyObservations.unavailable(
+                f"Prometheus at http://prometheus:9090 is unreachable (scenario outage at "
+                f"{t / 60:.0f}m)"
+            )
+            run.metrics_unavailable += 1
+        else:
+            current = state.config
+            long = telemetry.current_observation(fleet.observe(long_scope, t), scenario.name, current)
+            short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, current)
+            observed = pol.PolicyObservations.of(long, short)
+        decision = pol.decide(settings, state, observed, tuple(history), t)
+        run.decisions += 1
+        run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
+        if decision.alpha is not None:
+            run.alpha_trace.append((t, decision.alpha))
+        if not (decision.applied and decision.changes):
+            continue
+        entry = decision.history_entry(t, state)
+        if entry is not None:
+            history = (history + [entry])[-pol.constants.MAX_DECISION_HISTORY:]
+        old, new = state.config, decision.config
+        run.changes.append(Change(t, old, new, decision.rule, decision.reason))
+        run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
+        for slot in range(replicas):
+            transitions.append((t + slot * rollout_s, slot, "stop", new))
+            transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
+        live_at = t + replicas * rollout_s
+        state = pol.PolicyState(decision.enabled, decision.k, since=t, live_since=None,
+                                ready_replicas=fleet.ready)
+    return run
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    goodput_tokens_per_s: float
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    slo_violation_min: float
+    changes: int
+    score: float = math.nan
+    goodput_ratio: float = math.nan
+    latency_ratio: float = math.nan
+
+    def with_ratios(self, oracle: "Figures") -> "Figures":
+        good = self.goodput_tokens_per_s / oracle.goodput_tokens_per_s if oracle.goodput_tokens_per_s > 0 else 1.0
+        fast = oracle.e2e_mean_s / self.e2e_mean_s if self.e2e_mean_s > 0 and math.isfinite(self.e2e_mean_s) else 0.0
+        return Figures(
+            self.goodput_tokens_per_s, self.e2e_mean_s, self.e2e_p95_s, self.tpot_mean_s,
+            self.tpot_p95_s, self.slo_violation_min, self.changes, min(good, fast), good, fast,
+        )
+
+
+def _sigma(mean: float, p95: float) -> float:
+    """Lognormal sigma from mean and P95 (smaller root of s^2/2 - z s + ln(p95/mean) = 0)."""
+    if not (mean > 0 and math.isfinite(mean) and math.isfinite(p95)) or p95 <= mean:
+        return 0.0
+    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
+    return _Z95 - math.sqrt(max(0.0, disc))
+
+
+def mixture_p95(items: list[tuple[float, float, float]]) -> float:
+    """P95 of a weighted mixture of lognormals given as (weight, mean, p95)."""
+    total = math.fsum(w for w, _, _ in items)
+    if total <= 0:
+        return math.nan
+    if math.fsum(w for w, m, _ in items if not math.isfinite(m)) > 0.05 * total:
+        return math.inf
+    parts = []
+    for w, mean, p95 in items:
+        if not math.isfinite(mean) or mean <= 0:
+            continue
+        sigma = _sigma(mean, p95)
+        parts.append((w / total, math.log(mean) - sigma * sigma / 2.0, sigma, mean))
+    norm = NormalDist()
+
+    def cdf(x: float) -> float:
+        acc = 0.0
+        for w, mu, sigma, mean in parts:
+            if sigma <= 0:
+                acc += w if x >= mean else 0.0
+            else:
+                acc += w * norm.cdf((math.log(x) - mu) / sigma)
+        return acc
+
+    lo, hi = 0.0, max(p for _, _, p in items if math.isfinite(p)) * 2 + 1e-6
+    while cdf(hi) < 0.95 and hi < 1e9:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if mid <= 0 or cdf(mid) < 0.95:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def figures(segments: list[engine.Segment], changes: int) -> Figures:
+    total = math.fsum(s.duration for s in segments)
+    if total <= 0:
+        return Figures(0.0, math.nan, math.nan, math.nan, math.nan, 0.0, changes)
+
+    def mean(attr: str) -> float:
+        return math.fsum(s.duration * getattr(s, attr) for s in segments) / total
+
+    return Figures(
+        goodput_tokens_per_s=mean("goodput_tokens_per_s"),
+        e2e_mean_s=mean("e2e_mean_s"),
+        e2e_p95_s=mixture_p95([(s.duration, s.e2e_mean_s, s.e2e_p95_s) for s in segments]),
+        tpot_mean_s=mean("tpot_mean_s"),
+        tpot_p95_s=mixture_p95([(s.duration, s.tpot_mean_s, s.tpot_p95_s) for s in segments]),
+        slo_violation_min=math.fsum(s.duration for s in segments if s.slo_violated) / 60.0,
+        changes=changes,
+    )
+
+
+# --- one scenario ----------------------------------------------------------------------------
+
+
+@dataclass
+class ScenarioResult:
+    """Everything the report needs about one scenario (picklable)."""
+
+    name: str
+    description: str
+    path: str
+    duration_s: float
+    method: str
+    slo: dict[str, float | None]
+    strategies: dict[str, Figures]
+    phases: list[dict[str, Any]]
+    events: dict[str, Any]
+    timelines: dict[str, list[tuple[float, float, int, float, float]]]
+    """Per strategy: (start, end, config, goodput, P95 e2e) of each segment."""
+    truth: list[tuple[float, float, float, float]]
+    """(start, end, request rate, effective acceptance) of each truth segment."""
+    changes: list[Change]
+    alpha_trace: list[tuple[float, float]]
+    oracle_source: str
+    elapsed_s: float
+    evaluations: int
+    rules: dict[str, int]
+    best_static: str = ""
+
+
+def _effective_alpha(scenario: Scenario, workload: perfmodel.Workload) -> float:
+    return perfmodel.effective_alpha(workload.acceptance, workload.temperature, scenario.params)
+
+
+def _events(
+    scenario: Scenario, settings: pol.PolicySettings, run: PolicyRun
+) -> dict[str, Any]:
+    floor = settings.acceptance_floor
+    phases = scenario.phases
+    collapses, recoveries = [], []
+    for i in range(1, len(phases)):
+        before = _effective_alpha(scenario, phases[i - 1].workload())
+        after = _effective_alpha(scenario, phases[i].workload())
+        end = phases[i + 1].at if i + 1 < len(phases) else scenario.duration
+        start = phases[i].at
+        if before >= floor > after:
+            change = next(
+                (c for c in run.changes if start <= c.time < end and c.to_config < c.from_config), None
+            )
+            delay = None if change is None else change.time - start
+            # Visible with the first scrape after the change, or after an outage hiding it.
+            visible = start
+            for outage in scenario.metrics_outage:
+                if outage.at <= visible < outage.end:
+                    visible = outage.end
+            visible += settings.scrape_interval_s
+            intervals = None if change is None else (change.time - visible) / settings.evaluation_interval_s
+            collapses.append({"at_s": start, "fallback_s": delay, "fallback_intervals": intervals})
+        elif before < floor <= after:
+            change = next(
+                (c for c in run.changes if start <= c.time < end and c.from_config == OFF), None
+            )
+            recoveries.append({"at_s": start, "reenable_s": None if change is None else change.time - start})
+    settle = (
+        settings.warmup_s + settings.window_s + scenario.params.replicas * scenario.params.rollout_s
+        + 2 * settings.evaluation_interval_s
+    )
+    stationary = exploration = 0
+    previous: Change | None = None
+    for change in run.changes:
+        index = scenario.phase_index_at(change.time)
+        probing = change.rule in ("reprobe", "probe-abandon") or (
+            previous is not None and previous.rule == "reprobe" and change.to_config < change.from_config
+        )
+        if change.time - phases[index].at >= settle:
+            if probing:
+                exploration += 1
+            else:
+                stationary += 1
+        previous = change
+    return {
+        "collapses": collapses,
+        "recoveries": recoveries,
+        "stationary_changes": stationary,
+        "exploration_changes": exploration,
+        "settle_s": settle,
+        "metrics_unavailable_evaluations": run.metrics_unavailable,
+    }
+
+
+def _phase_figures(
+    scenario: Scenario, by_strategy: dict[str, list[engine.Segment]]
+) -> list[dict[str, Any]]:
+    out = []
+    for i, (start, end, phase) in enumerate(scenario.phase_spans()):
+        row: dict[str, Any] = {
+            "index": i, "start_s": start, "end_s": end,
+            "request_rate": phase.request_rate, "acceptance": phase.acceptance,
+            "temperature": phase.temperature, "strategies": {},
+        }
+        for name, segments in by_strategy.items():
+            segs = [s for s in segments if s.phase_index == i]
+            if not segs:
+                continue
+            f = figures(segs, 0)
+            configs: dict[int, float] = {}
+            for s in segs:
+                configs[s.config] = configs.get(s.config, 0.0) + s.duration
+            row["strategies"][name] = {
+                "config": strategy_name(max(configs, key=configs.get)),
+                "goodput_tokens_per_s": f.goodput_tokens_per_s,
+                "e2e_mean_s": f.e2e_mean_s, "e2e_p95_s": f.e2e_p95_s,
+                "tpot_mean_s": f.tpot_mean_s, "tpot_p95_s": f.tpot_p95_s,
+                "slo_violation_min": f.slo_violation_min,
+            }
+        out.append(row)
+    return out
+
+
+def run_scenario(path: str | Path) -> ScenarioResult:
+    """Every strategy on one scenario file."""
+    started = time.perf_counter()
+    scenario = load_scenario(path)
+    params = scenario.params
+    evaluator = engine.SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+    configs = engine.configs_of(params)
+    statics = {c: engine.evaluate_schedule(scenario, evaluator, engine.static_schedule(c, params.replicas)) for c in configs}
+    oracle = engine.phase_oracle(scenario, evaluator, configs, statics)
+    settings = policy_settings(scenario)
+    run = run_policy(scenario, settings)
+    policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
+
+    oracle_fig = figures(list(oracle.segments), oracle.changes)
+    strategies: dict[str, Figures] = {
+        POLICY: figures(policy_segments, len(run.changes)).with_ratios(oracle_fig),
+        "off": figures(statics[OFF], 0).with_ratios(oracle_fig),
+    }
+    for k in STATIC_KS:
+        if k in statics:
+            strategies[strategy_name(k)] = figures(statics[k], 0).with_ratios(oracle_fig)
+    strategies[ORACLE] = oracle_fig.with_ratios(oracle_fig)
+    static_scores = {
+        strategy_name(c): figures(statics[c], 0).with_ratios(oracle_fig).score for c in configs
+    }
+    best_static = max(static_scores, key=lambda n: static_scores[n])
+
+    by_strategy = {POLICY: policy_segments, ORACLE: list(oracle.segments), "off": statics[OFF]}
+    for k in STATIC_KS:
+        if k in statics:
+            by_strategy[strategy_name(k)] = statics[k]
+    timelines = {
+        name: [(s.start, s.end, s.config, s.goodput_tokens_per_s, s.e2e_p95_s) for s in segs]
+        for name, segs in ((POLICY, policy_segments), (ORACLE, list(oracle.segments)))
+    }
+    truth = [
+        (s.start, s.end, s.workload.request_rate, _effective_alpha(scenario, s.workload))
+        for s in statics[OFF]
+    ]
+    return ScenarioResult(
+        name=scenario.name,
+        description=scenario.description,
+        path=str(path),
+        duration_s=scenario.duration,
+        method=scenario.method,
+        slo={"p95_e2e_s": scenario.slo.p95_e2e_s, "p95_tpot_s": scenario.slo.p95_tpot_s},
+        strategies=strategies,
+        phases=_phase_figures(scenario, by_strategy),
+        events=_events(scenario, settings, run),
+        timelines=timelines,
+        truth=truth,
+        changes=run.changes,
+        alpha_trace=run.alpha_trace,
+        oracle_source=oracle.source,
+        elapsed_s=time.perf_counter() - started,
+        evaluations=evaluator.evaluations,
+        rules=run.rules,
+        best_static=best_static,
+    )
