@@ -200,3 +200,21 @@ def test_up_again_reuses_the_running_cluster(cluster):
     assert time.monotonic() - started < 15
     assert again.server == cluster.server
     assert again.kubeconfig == cluster.kubeconfig
+
+
+def test_down_stops_every_process_even_without_pid_files(cluster, tmp_path):
+    """After a crash kwokctl's pid files may be gone; `down` must still leave no process behind."""
+    from specdecode.localstack.cluster import processes_referencing
+
+    local = LocalCluster("e2e-down", tmp_path / "state", log=lambda message: None)
+    local.up(nodes=1, ready_delay="1s", progress=False)
+    try:
+        assert local.status().state == "running"
+        assert len(processes_referencing(local.workdir)) >= 5
+        for pid_file in (local.workdir / "pids").iterdir():
+            pid_file.unlink()
+    finally:
+        local.down(progress=False)
+    assert processes_referencing(local.workdir) == []
+    assert not local.state_dir.exists()
+    assert local.status().state == "absent"

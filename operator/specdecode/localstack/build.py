@@ -390,12 +390,18 @@ class _GoRun:
         )
         lines: list[str] = []
         assert process.stdout is not None
-        for raw in process.stdout:
-            line = raw.rstrip("\n")
-            lines.append(line)
-            self.tail.append(line)
-            on_line(line)
-        returncode = process.wait()
+        try:
+            for raw in process.stdout:
+                line = raw.rstrip("\n")
+                lines.append(line)
+                self.tail.append(line)
+                on_line(line)
+            returncode = process.wait()
+        finally:
+            # Interrupted (Ctrl-C, a test timeout): do not leave go compiling in the background.
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         if returncode != 0:
             raise BuildError(
                 f"`{' '.join(command)}` failed (exit {returncode}) in {cwd}:\n" + "\n".join(self.tail)

@@ -398,6 +398,20 @@ class LocalCluster:
     def _kwokctl_log(self) -> Path:
         return self.state_dir / "kwokctl.log"
 
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise `up` and `down` of this cluster across processes (two test sessions).
+
+        The lock file sits beside the state directory, which `down` deletes.
+        """
+        self.state_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir.with_name(f".{self.name}.lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     # -- queries -------------------------------------------------------------------------
 
     def info(self) -> ClusterInfo | None:
@@ -478,6 +492,13 @@ class LocalCluster:
         would be lost); a half-dead one is replaced. Builds the binaries if they are missing.
         """
         binaries = ensure_binaries(progress=progress)
+        with self._lock():
+            return self._up_locked(binaries, nodes, gpus_per_node, ready_delay, fail_after, crash_backoff,
+                                   gpu_product, apiserver_port, recreate, progress, timeout)
+
+    def _up_locked(self, binaries: Binaries, nodes: int, gpus_per_node: int, ready_delay: str, fail_after: str,
+                   crash_backoff: str, gpu_product: str, apiserver_port: int, recreate: bool, progress: bool,
+                   timeout: float) -> ClusterInfo:
         spec = ClusterSpec(
             nodes=nodes, gpus_per_node=gpus_per_node, gpu_product=gpu_product, ready_delay=ready_delay,
             fail_after=fail_after, crash_backoff=crash_backoff,
@@ -501,7 +522,7 @@ class LocalCluster:
         if current.state != "absent":
             if current.state == "degraded" and progress:
                 self._log(f"cluster {self.name!r} is not healthy ({current.detail}); replacing it")
-            self.down(progress=False)
+            self._down_locked(progress=False)
 
         started = time.monotonic()
         try:
@@ -595,7 +616,10 @@ class LocalCluster:
         return result.stdout
 
     def _kubectl_ok(self, info: ClusterInfo, *args: str) -> bool:
-        return subprocess.run(info.kubectl_command(*args), capture_output=True, timeout=30).returncode == 0
+        try:
+            return subprocess.run(info.kubectl_command(*args), capture_output=True, timeout=30).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def _wait_until(self, deadline: float, what: str, check: Callable[[], bool]) -> None:
         while True:
@@ -625,6 +649,10 @@ class LocalCluster:
 
     def down(self, progress: bool = True) -> bool:
         """Stop every process of the cluster and delete its state. True if anything was there."""
+        with self._lock():
+            return self._down_locked(progress)
+
+    def _down_locked(self, progress: bool) -> bool:
         existed = self.state_dir.exists()
         kwokctl = self._kwokctl_binary()
         if kwokctl is not None and self.workdir.exists():
