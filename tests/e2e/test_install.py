@@ -4,8 +4,8 @@ from the pinned copy in manifests/third_party. The operator's pod only has to be
 (the namespace enforces Pod Security "restricted"): the fake nodes carry the GPU taint, so it
 is not expected to run here.
 
-The module removes what only it installed (the operator Deployment and Service, the
-monitoring objects and the Prometheus Operator CRDs) so that later tests in the session see
+The module removes what only it installed (the operator Deployment, Service and
+NetworkPolicy, the monitoring objects and the Prometheus Operator CRDs) so that later tests in the session see
 the cluster as the harness sets it up; the CRDs, namespace, RBAC and peering it leaves are
 the ones the harness installs too.
 """
@@ -65,7 +65,7 @@ def installed(cluster: ClusterInfo) -> Iterator[ClusterInfo]:
         yield cluster
     finally:
         for kind, name in (("deployment", "specdecode-operator"), ("service", "specdecode-operator-metrics"),
-                           ("configmap", "specdecode-dashboard")):
+                           ("networkpolicy", "specdecode-operator"), ("configmap", "specdecode-dashboard")):
             kubectl(cluster, "delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         kubectl(cluster, "delete", "--ignore-not-found", "--timeout=60s",
                 *(f"crd/{name}" for name in PROMETHEUS_OPERATOR_CRDS), check=False)

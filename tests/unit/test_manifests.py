@@ -163,7 +163,7 @@ def pyproject_version() -> str:
 def test_overlay_builds(overlay):
     kinds = {o["kind"] for o in kustomize(f"overlays/{overlay}")}
     assert {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-            "ClusterKopfPeering", "Deployment", "Service"} <= kinds
+            "ClusterKopfPeering", "Deployment", "Service", "NetworkPolicy"} <= kinds
     if overlay == "prometheus-operator":
         assert {"ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
 
@@ -333,6 +333,15 @@ def test_metrics_service_and_monitor_find_the_operator():
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     # The per-service gauges carry `namespace` and `service`; only honorLabels keeps them.
     assert endpoint["honorLabels"] is True
+
+
+def test_network_policy_admits_only_the_operators_ports():
+    policy = find(kustomize("overlays/default"), "NetworkPolicy")
+    pod_labels = operator_deployment()["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert sorted(p["port"] for p in rule["ports"]) == sorted(p["name"] for p in operator_container()["ports"])
 
 
 def test_dashboard_configmap_is_picked_up_by_grafana():
