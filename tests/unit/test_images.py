@@ -194,6 +194,10 @@ def test_build_context_is_an_allowlist_that_covers_every_copy(image):
         assert not _sent(patterns, unwanted), unwanted
 
 
+REGENERATE_LOCK = ("regenerate it with `pip install uv` and the command in its header "
+                   "(uv pip compile pyproject.toml --python-version 3.11 ...)")
+
+
 def test_lock_pins_every_dependency_with_hashes():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
@@ -211,9 +215,9 @@ def test_lock_pins_every_dependency_with_hashes():
     for dependency in PYPROJECT["project"]["dependencies"]:
         requirement = Requirement(dependency)
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{requirement.name} is not in images/requirements.lock: regenerate it (see its header)"
+        assert name in pins, f"{requirement.name} is not in images/requirements.lock: {REGENERATE_LOCK}"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
-            f"{requirement.name}=={pins[name]} is outside {requirement.specifier}: regenerate images/requirements.lock")
+            f"{requirement.name}=={pins[name]} is outside {requirement.specifier}: {REGENERATE_LOCK}")
 
 
 def test_lock_targets_the_images_python():
