@@ -857,6 +857,12 @@ class EffectiveSpeculation(StatusModel):
     reason: Optional[str] = Field(None, description="Why it was chosen.", max_length=1024)
     config_hash: Optional[str] = Field(None, description="Hash of the rendered engine config.", max_length=64)
     live: Optional[bool] = Field(None, description="Whether every replica runs this config.")
+    live_since: Optional[str] = Field(
+        None,
+        description="When every replica first ran this config and was ready (RFC 3339); metrics "
+        "count for it after autotune.warmup from here.",
+        max_length=64,
+    )
     spec_hash: Optional[str] = Field(
         None,
         description="Hash of what spec declared about speculation when this was chosen; a new "
@@ -866,27 +872,36 @@ class EffectiveSpeculation(StatusModel):
 
 
 class Observations(StatusModel):
-    """What the last evaluation saw, over its window, for the current config."""
+    """What the last evaluation saw, over its window, for the pods of the current config."""
 
     observed_at: Optional[str] = Field(None, description="Evaluation time (RFC 3339).", max_length=64)
+    config_hash: Optional[str] = Field(None, description="Config the samples belong to.", max_length=64)
     window: Optional[str] = Field(None, description="Metrics window.", max_length=32)
+    pods: Optional[int] = Field(None, description="Pods that contributed samples.")
+    requests: Optional[float] = Field(None, description="Finished requests in the window (sample count).")
+    request_rate: Optional[float] = Field(None, description="Finished requests per second, all replicas.")
+    drafts: Optional[float] = Field(None, description="Drafts in the window (sample count).")
     acceptance_rate: Optional[float] = Field(None, description="Accepted / drafted tokens.")
     alpha: Optional[float] = Field(None, description="Estimated per-token acceptance.")
-    alpha_per_position: Optional[list[float]] = Field(
-        None, description="Conditional acceptance at each draft position.", max_length=32
+    alpha_per_position: Optional[list[Optional[float]]] = Field(
+        None,
+        description="Conditional acceptance at each draft position (null where a position had no trials).",
+        max_length=32,
     )
     mean_accepted_length: Optional[float] = Field(None, description="Accepted tokens per draft.")
     p95_end_to_end_seconds: Optional[float] = Field(None, description="P95 end-to-end latency, seconds.")
+    mean_end_to_end_seconds: Optional[float] = Field(None, description="Mean end-to-end latency, seconds.")
     p95_time_per_output_token_seconds: Optional[float] = Field(None, description="P95 time per output token, seconds.")
     mean_time_per_output_token_seconds: Optional[float] = Field(None, description="Mean time per output token, seconds.")
+    mean_step_seconds: Optional[float] = Field(
+        None, description="Mean engine step time (inter-token latency sum / count), seconds."
+    )
     running_requests: Optional[float] = Field(None, description="Mean running batch per replica.")
     waiting_requests: Optional[float] = Field(None, description="Mean queued requests per replica.")
     kv_cache_usage: Optional[float] = Field(None, description="KV-cache usage, 0 to 1.")
-    request_rate: Optional[float] = Field(None, description="Finished requests per second, all replicas.")
+    preemption_rate: Optional[float] = Field(None, description="Preemptions per second.")
     generation_tokens_per_second: Optional[float] = Field(None, description="Generated tokens per second.")
-    preemptions_per_second: Optional[float] = Field(None, description="Preemptions per second.")
-    drafts: Optional[float] = Field(None, description="Drafted tokens in the window (sample count).")
-    requests: Optional[float] = Field(None, description="Finished requests in the window (sample count).")
+    staleness_seconds: Optional[float] = Field(None, description="Age of the newest sample at evaluation.")
 
 
 class Recommendation(StatusModel):
@@ -911,12 +926,19 @@ class DecisionRecord(StatusModel):
     to_k: Optional[int] = Field(None, description="K after; absent when speculation is off.")
     applied: bool = Field(True, description="False for Recommend mode: reported, not acted on.")
     reason: str = Field("", description="Why, with numbers.", max_length=1024)
+    alpha: Optional[float] = Field(
+        None, description="Acceptance measured on the config being left (remembered for re-probes)."
+    )
+    step_scale: Optional[float] = Field(
+        None, description="Measured / prior engine step time of the config being left (calibration memory)."
+    )
 
 
 class FailedConfig(StatusModel):
     """A speculative config whose pods could not start: not retried until the spec changes."""
 
     config_hash: str = Field(description="Hash of the failed engine config.", max_length=64)
+    k: Optional[int] = Field(None, description="K of the failed config; absent when speculation was off.")
     spec_generation: int = Field(description="Spec generation it failed under.")
     cause: str = Field(description="Classified cause.", max_length=64)
     message: str = Field("", description="The log line that shows it.", max_length=2048)

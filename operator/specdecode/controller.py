@@ -40,11 +40,12 @@ class Controller:
         self.kube = kube
         self.clock = clock
         self.log = logger or logging.getLogger("specdecode.controller")
-        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks: defaultdict[tuple[str, str], threading.RLock] = defaultdict(threading.RLock)
         self._locks_guard = threading.Lock()
 
-    def lock_for(self, namespace: str, name: str) -> threading.Lock:
-        """One lock per service: reconciles and evaluations of a service never interleave."""
+    def lock_for(self, namespace: str, name: str) -> threading.RLock:
+        """One lock per service: reconciles and evaluations of a service never interleave (an
+        evaluation that changes speculation reconciles while holding it, hence re-entrant)."""
         with self._locks_guard:
             return self._locks[(namespace, name)]
 

@@ -54,14 +54,18 @@ def _classes_in(annotation: Any) -> list[type[BaseModel]]:
     return [c for arg in getattr(annotation, "__args__", ()) for c in _classes_in(arg)]
 
 
-def _nested_model_defaults(model: type[BaseModel]) -> set[str]:
-    """Wire names of the fields whose default is a whole sub-object (default_factory=Model)."""
-    names = set()
+def _nested_model_defaults(model: type[BaseModel]) -> dict[str, dict[str, Any]]:
+    """Wire names and defaults of the fields whose default is a whole sub-object.
+
+    The default is the sub-object with its own defaults filled in, not `{}`: the apiserver
+    checks a default against the schema's CEL rules without defaulting inside it first.
+    """
+    defaults = {}
     for name, field in model.model_fields.items():
         factory = field.default_factory
         if isinstance(factory, type) and issubclass(factory, BaseModel):
-            names.add(field.alias or name)
-    return names
+            defaults[field.alias or name] = factory().model_dump(by_alias=True, exclude_none=True, mode="json")
+    return defaults
 
 
 class _Converter:
@@ -128,8 +132,8 @@ class _Converter:
         if model is not None:
             if model.__doc__ and "description" not in out:
                 out["description"] = " ".join(model.__doc__.split())
-            for wire_name in _nested_model_defaults(model):
-                out["properties"][wire_name].setdefault("default", {})
+            for wire_name, default in _nested_model_defaults(model).items():
+                out["properties"][wire_name].setdefault("default", default)
             validations = _rules_for(model)
             if validations:
                 out["x-kubernetes-validations"] = validations

@@ -14,6 +14,7 @@ import kopf
 from . import constants as C
 from . import settings as settings_module
 from .controller import Controller
+from .evaluator import Evaluator
 from .kube import Conflict, Kube, load_config
 
 SETTINGS = settings_module.current
@@ -21,6 +22,7 @@ RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
 OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
 
 _controller: Controller | None = None
+_evaluator: Evaluator | None = None
 
 
 def controller() -> Controller:
@@ -29,10 +31,16 @@ def controller() -> Controller:
     return _controller
 
 
+def evaluator() -> Evaluator:
+    if _evaluator is None:
+        raise kopf.TemporaryError("the operator is still starting", delay=2)
+    return _evaluator
+
+
 @kopf.on.startup()
 def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
     """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level."""
-    global _controller
+    global _controller, _evaluator
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -47,7 +55,9 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.peering.stealth = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    _controller = Controller(Kube(load_config()), logger=logging.getLogger("specdecode.controller"))
+    kube = Kube(load_config())
+    _controller = Controller(kube, logger=logging.getLogger("specdecode.controller"))
+    _evaluator = Evaluator(kube, _controller, SETTINGS)
     logger.info("specdecode-operator started")
 
 
@@ -71,6 +81,16 @@ def sds_timer(namespace: str, name: str, **_: Any) -> None:
     """Level-triggered pass: repairs drift a watch event did not show. Returns None, so kopf
     writes nothing for it."""
     _reconcile(namespace, name)
+
+
+@kopf.timer(*RESOURCE, interval=SETTINGS.evaluation_tick, initial_delay=SETTINGS.evaluation_tick)
+def sds_evaluate(namespace: str, name: str, **_: Any) -> None:
+    """Let the policy decide when the service's evaluationInterval has passed (one batched
+    Prometheus read per tick serves every service)."""
+    try:
+        evaluator().evaluate_if_due(namespace, name)
+    except Conflict as err:
+        raise kopf.TemporaryError(str(err), delay=1) from None
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED_DEPLOYMENTS)

@@ -8,6 +8,8 @@ none.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from datetime import datetime
@@ -31,9 +33,11 @@ class Conflict(Exception):
 
 
 def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
-    """An API client from a kubeconfig (file, $KUBECONFIG) or from inside a pod."""
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
+    """An API client from a kubeconfig (the argument, else $KUBECONFIG read now, not at import
+    time as the client library does) or from inside a pod."""
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        config.load_kube_config(config_file=path)
     else:
         try:
             config.load_incluster_config()
@@ -124,7 +128,8 @@ class Kube:
         API_WRITES.labels("patch", C.KIND + "/status").inc()
         try:
             return client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
-                C.GROUP, C.VERSION, meta["namespace"], C.PLURAL, meta["name"], patch
+                C.GROUP, C.VERSION, meta["namespace"], C.PLURAL, meta["name"], patch,
+                _content_type="application/json-patch+json",
             )
         except ApiException as err:
             if err.status in (409, 422):
@@ -156,7 +161,14 @@ class Kube:
             count=1,
         )
         API_WRITES.labels("create", "Event").inc()
-        self.core.create_namespaced_event(meta["namespace"], event)
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as err:
+            # Events are advisory: a terminating namespace or a rate limit must not fail the
+            # reconcile that already did its work. Status carries the same facts.
+            logging.getLogger("specdecode.kube").warning(
+                "event %s for %s/%s not posted: %s %s", reason, meta["namespace"], meta["name"], err.status, err.reason
+            )
 
 
 def foreign_drift(live: dict[str, Any]) -> bool:
@@ -172,6 +184,8 @@ def foreign_drift(live: dict[str, Any]) -> bool:
     for entry in entries:
         if entry.get("manager") in EXPECTED_MANAGERS or entry.get("subresource") == "status":
             continue
-        if entry.get("time", "") > last_ours:
+        # managedFields times have one-second resolution: a write in the same second as ours
+        # may be newer, so it counts (at worst one more apply, a second later ours is newer).
+        if entry.get("time", "") >= last_ours:
             return True
     return False

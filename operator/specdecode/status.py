@@ -265,6 +265,14 @@ def next_status(
     choice = outcome.choice
     same_choice = earlier is not None and earlier.enabled == choice.enabled and earlier.k == choice.k
     since = earlier.since if same_choice and earlier.since else rfc3339(now)
+    # Warm-up and attribution count from the moment every replica ran this config.
+    same_config = same_choice and earlier.config_hash == outcome.config_hash
+    if not r.live:
+        live_since = None
+    elif same_config and earlier.live_since:
+        live_since = earlier.live_since
+    else:
+        live_since = rfc3339(now)
     effective = api.EffectiveSpeculation(
         enabled=choice.enabled,
         method=outcome.method,
@@ -273,6 +281,7 @@ def next_status(
         reason=outcome.choice_reason,
         config_hash=outcome.config_hash,
         live=r.live,
+        live_since=live_since,
         spec_hash=declared_speculation_hash(spec),
     )
     return current.model_copy(

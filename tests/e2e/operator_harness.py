@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode.localstack import ClusterInfo
 
-from .conftest import wait_for
+from .conftest import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "specdecode-system"
@@ -45,11 +45,27 @@ def kubectl(cluster: ClusterInfo, *args: str, input: str | None = None, check: b
     return done
 
 
+def wait_established(cluster: ClusterInfo, *crd_names: str) -> None:
+    """Poll until each CRD is Established (`kubectl wait` errors out while a brand-new CRD
+    has no conditions yet)."""
+    for name in crd_names:
+        poll_until(
+            lambda: kubectl(cluster, "get", "crd", name, "-o",
+                            "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False).stdout == "True",
+            60, f"CRD {name} to be Established",
+        )
+
+
 def install_prerequisites(cluster: ClusterInfo) -> None:
     """What `manifests/` installs before the operator runs: CRD, peering, namespace, RBAC."""
     kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "crds"))
-    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/specdecodeservices.serving.specdecode.io")
-    kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "manifests" / "base" / "kopf-peering.yaml"))
+    wait_established(cluster, "specdecodeservices.serving.specdecode.io")
+    # kopf's peering: its CRD must be Established before the ClusterKopfPeering object exists.
+    peering = list(yaml.safe_load_all((REPO / "manifests" / "base" / "kopf-peering.yaml").read_text()))
+    crds = [d for d in peering if d["kind"] == "CustomResourceDefinition"]
+    kubectl(cluster, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+    wait_established(cluster, *(d["metadata"]["name"] for d in crds))
+    kubectl(cluster, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([d for d in peering if d not in crds]))
     kubectl(cluster, "create", "namespace", OPERATOR_NAMESPACE, check=False)
     kubectl(cluster, "apply", "--server-side", "-f", str(REPO / "manifests" / "base" / "rbac.yaml"))
 
@@ -129,7 +145,7 @@ def start_operator(cluster: ClusterInfo, workdir: Path, extra_args: tuple[str, .
         except OSError:
             return False
 
-    wait_for(healthy, 60, "the operator's liveness endpoint")
+    poll_until(healthy, 60, "the operator's liveness endpoint")
     return running
 
 
@@ -143,10 +159,15 @@ def stop_operator(running: RunningOperator) -> None:
             running.process.wait(timeout=10)
 
 
+# Where the operator finds no Prometheus: connections are refused at once, so evaluations
+# hold with MetricsAvailable=False instead of waiting on DNS.
+NO_PROMETHEUS = "http://127.0.0.1:9"
+
+
 @pytest.fixture(scope="session")
 def operator(cluster: ClusterInfo, tmp_path_factory) -> Iterator[RunningOperator]:
     install_prerequisites(cluster)
-    running = start_operator(cluster, tmp_path_factory.mktemp("operator"))
+    running = start_operator(cluster, tmp_path_factory.mktemp("operator"), ("--prometheus-url", NO_PROMETHEUS))
     try:
         yield running
     finally:

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from specdecode import constants as C
 
-from .conftest import wait_for
+from .conftest import poll_until
 from .operator_harness import (  # noqa: F401  (the fixture is used by name)
     OPERATOR_USER,
     REPO,
@@ -66,7 +66,7 @@ def wait_serving(kube_api, namespace: str, name: str, timeout: float = ROLLOUT_T
         fresh = status.get("observedGeneration") == sds["metadata"]["generation"]
         return sds if fresh and status.get("phase") == C.PHASE_SERVING else None
 
-    return wait_for(serving, timeout, f"{namespace}/{name} to be Serving")
+    return poll_until(serving, timeout, f"{namespace}/{name} to be Serving")
 
 
 def test_crd_passes_kubectl_client_dry_run(cluster, operator):
@@ -142,7 +142,7 @@ def test_spec_edits_roll_the_deployment_and_gc_follows_deletion(cluster, kube_ap
     # Scale through the SpecDecodeService's scale subresource, as an HPA would: one replica
     # needs no PodDisruptionBudget, which is then removed.
     kubectl(cluster, "scale", "sds/llama", "-n", namespace, "--replicas=1")
-    wait_for(lambda: get_deployment(kube_api, namespace, "llama").spec.replicas == 1, 30, "the Deployment to scale to 1")
+    poll_until(lambda: get_deployment(kube_api, namespace, "llama").spec.replicas == 1, 30, "the Deployment to scale to 1")
 
     def pdb_gone():
         try:
@@ -151,12 +151,12 @@ def test_spec_edits_roll_the_deployment_and_gc_follows_deletion(cluster, kube_ap
         except client.ApiException as err:
             return err.status == 404
 
-    wait_for(pdb_gone, 30, "the PDB to be deleted at one replica")
+    poll_until(pdb_gone, 30, "the PDB to be deleted at one replica")
     sds = wait_serving(kube_api, namespace, "llama")
     assert sds["status"]["replicas"] == 1
 
     kubectl(cluster, "delete", "sds", "llama", "-n", namespace, "--wait=false")
-    wait_for(lambda: get_deployment(kube_api, namespace, "llama") is None, 60, "garbage collection of the Deployment")
+    poll_until(lambda: get_deployment(kube_api, namespace, "llama") is None, 60, "garbage collection of the Deployment")
 
 
 def test_deleted_or_hand_edited_deployment_is_restored(cluster, kube_api, operator, namespace):
@@ -165,13 +165,13 @@ def test_deleted_or_hand_edited_deployment_is_restored(cluster, kube_api, operat
     first = get_deployment(kube_api, namespace, "llama")
 
     kubectl(cluster, "delete", "deployment", "llama", "-n", namespace, "--wait=false")
-    wait_for(
+    poll_until(
         lambda: (d := get_deployment(kube_api, namespace, "llama")) is not None and d.metadata.uid != first.metadata.uid,
         30, "the Deployment to be recreated",
     )
 
     kubectl(cluster, "set", "image", "deployment/llama", "-n", namespace, "vllm=vllm/vllm-openai:hand-edited")
-    wait_for(
+    poll_until(
         lambda: get_deployment(kube_api, namespace, "llama").spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.33.0",
         30, "the hand-edited image to be restored",
     )
@@ -182,13 +182,19 @@ def test_steady_state_causes_no_writes(cluster, kube_api, operator, namespace):
     apply(cluster, sample_in(namespace))
     wait_serving(kube_api, namespace, "llama")
     # Let the rollout's last events settle: Serving with a live config and no rollout running.
-    wait_for(lambda: get_sds(kube_api, namespace, "llama")["status"]["speculation"]["live"], 30, "a live config")
+    poll_until(lambda: get_sds(kube_api, namespace, "llama")["status"]["speculation"]["live"], 30, "a live config")
+
+    # Other tests' namespaces are deleted in the background; their cleanup is not steady state.
+    core = client.CoreV1Api(kube_api)
+    poll_until(lambda: not [n for n in core.list_namespace().items
+                            if n.metadata.name.startswith("e2e-") and n.metadata.name != namespace],
+               120, "other test namespaces to be gone")
 
     reconciles_before = operator.total("specdecode_reconciles_total")
     writes_before = operator.total("specdecode_api_writes_total")
     _, audit_mark = audit_writes(cluster, OPERATOR_USER, namespace)
     # Several level-triggered passes over every service (the timer fires each interval).
-    wait_for(lambda: operator.total("specdecode_reconciles_total") >= reconciles_before + 10,
+    poll_until(lambda: operator.total("specdecode_reconciles_total") >= reconciles_before + 10,
              30 * RECONCILE_INTERVAL_S, "ten more reconciles")
     assert operator.total("specdecode_api_writes_total") == writes_before
     writes, _ = audit_writes(cluster, OPERATOR_USER, namespace, since_line=audit_mark)
@@ -211,7 +217,7 @@ def test_spec_the_crd_cannot_catch_degrades_without_touching_children(cluster, k
         cond = condition(sds, C.COND_DEGRADED)
         return sds if cond.get("reason") == C.REASON_INVALID_SPEC and sds["status"]["observedGeneration"] == sds["metadata"]["generation"] else None
 
-    sds = wait_for(degraded, 30, "Degraded/InvalidSpec")
+    sds = poll_until(degraded, 30, "Degraded/InvalidSpec")
     assert sds["status"]["phase"] == C.PHASE_DEGRADED
     assert "vLLM 0.7.3" in condition(sds, C.COND_DEGRADED)["message"]
     after = get_deployment(kube_api, namespace, "llama")

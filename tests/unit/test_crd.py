@@ -90,7 +90,7 @@ def test_names_subresources_and_columns():
 
 def test_nested_objects_default_so_the_apiserver_fills_their_fields():
     spec = _schema()["properties"]["spec"]
-    assert spec["properties"]["autotune"]["default"] == {}
+    assert spec["properties"]["autotune"]["default"]["mode"] == "Auto"
     assert spec["properties"]["autotune"]["properties"]["mode"]["default"] == "Auto"
 
 

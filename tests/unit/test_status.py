@@ -136,3 +136,5 @@ def test_foreign_writes_after_ours_are_drift():
     assert foreign_drift({"metadata": {"managedFields": [ours, edit]}})
     assert not foreign_drift({"metadata": {"managedFields": [ours, status]}})
     assert not foreign_drift({"metadata": {"managedFields": [ours, old_edit]}})
+    same_second = {**edit, "time": ours["time"]}
+    assert foreign_drift({"metadata": {"managedFields": [ours, same_second]}})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 
 from ..cli import UserError, command
@@ -33,6 +34,13 @@ def _run(sub: argparse._SubParsersAction) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
+    # The kubernetes library (kopf logs in through it) reads $KUBECONFIG once, when it is
+    # imported: set it before the first import of kopf or kubernetes.
+    if args.kubeconfig:
+        if not os.path.exists(args.kubeconfig):
+            raise UserError(f"--kubeconfig {args.kubeconfig}: no such file")
+        os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
+
     import kopf
     from prometheus_client import start_http_server
 
@@ -47,10 +55,6 @@ def run_operator(args: argparse.Namespace) -> int:
         settings = settings_module.load(overrides)
     except settings_module.SettingsError as err:
         raise UserError(str(err)) from None
-    if args.kubeconfig:
-        if not os.path.exists(args.kubeconfig):
-            raise UserError(f"--kubeconfig {args.kubeconfig}: no such file")
-        os.environ["KUBECONFIG"] = args.kubeconfig
     settings_module.current = settings
 
     kopf.configure(
@@ -58,6 +62,13 @@ def run_operator(args: argparse.Namespace) -> int:
         quiet=settings.log_level in ("WARNING", "ERROR"),
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
     )
+    if settings.log_level != "DEBUG":
+        # kopf logs every timer run per object at INFO: with two timers per service that
+        # drowns what matters. Failures still come through at WARNING and ERROR.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # The metrics reader reports an unreachable Prometheus once per evaluation, in status and
+    # in its own log line; urllib3's per-query retry warnings would repeat it twenty times.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     importlib.import_module("specdecode.handlers")  # registers the handlers with kopf

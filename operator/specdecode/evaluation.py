@@ -1,0 +1,157 @@
+"""Pure glue between the policy and the status: what the policy is told, and what its
+decision changes in status.
+
+Everything the policy remembers comes from status (effective speculation, history, failed
+configs) and the live Deployment, so a restarted operator decides exactly as the old one
+would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional
+
+from . import api
+from . import constants as C
+from . import metrics, policy
+from . import status as st
+
+DEFAULT_RESTART_S = 180.0
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """A decision turned into a new status and the Events to post about it."""
+
+    status: api.SpecDecodeServiceStatus
+    decision: policy.Decision
+    events: tuple[tuple[str, str, str], ...]  # (type, reason, message)
+    rerender: bool  # the effective speculation changed: the Deployment must be re-rendered
+
+
+def _epoch(text: Optional[str]) -> Optional[float]:
+    return st.parse_rfc3339(text).timestamp() if text else None
+
+
+def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, now: datetime) -> policy.PolicyState:
+    """The policy's view of what runs, from status alone."""
+    effective = status.speculation
+    # Configs whose pods could not start are never chosen again (until the spec changes).
+    excluded = frozenset(f.k for f in status.failed_configs if f.k is not None)
+    if effective is None:
+        k = spec.speculation.num_speculative_tokens
+        return policy.PolicyState(enabled=True, k=k, since=now.timestamp(), live_since=None,
+                                  ready_replicas=status.ready_replicas or 0, excluded_ks=excluded)
+    return policy.PolicyState(
+        enabled=effective.enabled,
+        k=effective.k if effective.enabled else None,
+        since=_epoch(effective.since) or now.timestamp(),
+        live_since=_epoch(effective.live_since),
+        ready_replicas=status.ready_replicas or 0,
+        excluded_ks=excluded,
+    )
+
+
+def measured_restart_s(status: api.SpecDecodeServiceStatus) -> float:
+    """How long the last change took to go live (the restart price's duration); the default
+    until the service has been through one."""
+    effective = status.speculation
+    if effective and effective.since and effective.live_since:
+        took = _epoch(effective.live_since) - _epoch(effective.since)
+        if took > 0:
+            return took
+    return DEFAULT_RESTART_S
+
+
+def observations_for(
+    read: metrics.ReadResult,
+    spec: api.SpecDecodeServiceSpec,
+    namespace: str,
+    name: str,
+    config_hash: Optional[str],
+    settings: policy.PolicySettings,
+) -> tuple[policy.PolicyObservations, Optional[metrics.Observation]]:
+    """The current config's observations over the long and the guard window."""
+    if isinstance(read, metrics.MetricsUnavailable):
+        return policy.PolicyObservations.unavailable(read.message, read.reason), None
+    long_scope, guard_scope = scopes_for(spec, settings)
+    window = read.for_service(long_scope, namespace, name).get(config_hash or "")
+    guard = read.for_service(guard_scope, namespace, name).get(config_hash or "")
+    return policy.PolicyObservations.of(window, guard), window
+
+
+def scopes_for(spec: api.SpecDecodeServiceSpec, settings: policy.PolicySettings) -> tuple[metrics.QueryScope, metrics.QueryScope]:
+    selector = spec.metrics.selector
+    return metrics.QueryScope.of(settings.window_s, selector), metrics.QueryScope.of(settings.guard_window_s, selector)
+
+
+def apply_decision(
+    status: api.SpecDecodeServiceStatus,
+    spec: api.SpecDecodeServiceSpec,
+    decision: policy.Decision,
+    state: policy.PolicyState,
+    observation: Optional[metrics.Observation],
+    generation: Optional[int],
+    now: datetime,
+) -> EvaluationResult:
+    """The status after a decision: observations, recommendation, history, conditions and,
+    when the operator acts, the new effective speculation."""
+    epoch = now.timestamp()
+    conds = st.set_condition(
+        status.conditions, C.COND_METRICS_AVAILABLE, decision.metrics_available,
+        decision.metrics_reason, decision.metrics_message, now, generation,
+    )
+    if decision.speculation_effective is not None:
+        conds = st.set_condition(
+            conds, C.COND_SPECULATION_EFFECTIVE, decision.speculation_effective,
+            decision.effective_reason, decision.effective_message, now, generation,
+        )
+
+    observations = status.observations
+    if observation is not None:
+        observations = api.Observations.model_validate({**observation.to_status(), "observedAt": st.rfc3339(now)})
+
+    recommendation = api.Recommendation.model_validate(decision.recommendation_status(epoch))
+    if status.recommendation is not None and _same_advice(status.recommendation, recommendation):
+        recommendation = status.recommendation  # unchanged advice: keep its time, write nothing
+
+    history = list(status.history)
+    events: list[tuple[str, str, str]] = []
+    effective = status.speculation
+    rerender = False
+    entry = decision.history_entry(epoch, state)
+    new_advice = status.recommendation is None or not _same_advice(status.recommendation, recommendation)
+    if entry is not None and (decision.applied or new_advice):
+        history.append(api.DecisionRecord.model_validate(entry.to_status()))
+        history = history[-C.MAX_DECISION_HISTORY:]
+    if decision.applied and decision.changes:
+        rerender = True
+        effective = api.EffectiveSpeculation(
+            enabled=decision.enabled,
+            method=spec.speculation.method.value,
+            k=decision.k if decision.enabled else None,
+            since=st.rfc3339(now),
+            reason=decision.reason[:1024],
+            live=False,
+            spec_hash=st.declared_speculation_hash(spec),
+        )
+        kind = "Warning" if decision.action is policy.Action.DISABLE else "Normal"
+        events.append((kind, C.EVENT_SPECULATION_CHANGED, f"{decision.action.value}: {decision.reason}"))
+    elif decision.changes and new_advice:
+        events.append(("Normal", C.EVENT_RECOMMENDATION, f"recommend {decision.action.value}: {decision.reason}"))
+
+    new_status = status.model_copy(
+        update={
+            "conditions": conds,
+            "observations": observations,
+            "recommendation": recommendation,
+            "history": history,
+            "speculation": effective,
+        }
+    )
+    return EvaluationResult(new_status, decision, tuple(events), rerender)
+
+
+def _same_advice(a: api.Recommendation, b: api.Recommendation) -> bool:
+    return (a.action, a.enabled, a.k, a.reason) == (b.action, b.enabled, b.k, b.reason)

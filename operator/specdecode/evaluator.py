@@ -1,0 +1,187 @@
+"""The control loop's shell: read Prometheus once per tick for every service, let the
+policy decide for the services that are due, record the decision, re-render on a change.
+
+A per-object kopf timer calls `evaluate_if_due` every `evaluationTick`; all services share
+one batched read per (Prometheus, window, selector) and tick, so the number of queries does
+not grow with the number of services. Running from kopf timers (not a free-running task)
+means evaluation pauses with everything else when kopf's peering hands control to another
+replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Callable, Optional
+
+from kubernetes.client.exceptions import ApiException
+
+from . import api
+from . import constants as C
+from . import evaluation, instrumentation, metrics, policy
+from . import status as st
+from .controller import Clock, Controller, utcnow
+from .kube import Kube
+from .settings import OperatorSettings
+
+ReaderFactory = Callable[[metrics.PrometheusAccess], metrics.PrometheusReader]
+
+
+@dataclass
+class _CachedRead:
+    at: float
+    scopes: frozenset[metrics.QueryScope]
+    result: metrics.ReadResult
+
+
+class Evaluator:
+    def __init__(
+        self,
+        kube: Kube,
+        controller: Controller,
+        settings: OperatorSettings,
+        clock: Clock = utcnow,
+        reader_factory: ReaderFactory = metrics.PrometheusReader,
+        operator_namespace: Optional[str] = None,
+    ):
+        self.kube = kube
+        self.controller = controller
+        self.settings = settings
+        self.clock = clock
+        self.reader_factory = reader_factory
+        self.operator_namespace = operator_namespace or os.environ.get("POD_NAMESPACE", "specdecode-system")
+        self.log = logging.getLogger("specdecode.evaluator")
+        self._reads: dict[tuple, _CachedRead] = {}
+        self._reads_lock = threading.Lock()
+        self._last_evaluated: dict[tuple[str, str], float] = {}
+
+    # ---------------------------------------------------------------------------- evaluation
+
+    def evaluate_if_due(self, namespace: str, name: str) -> Optional[policy.Decision]:
+        now = self.clock()
+        with self.controller.lock_for(namespace, name):
+            body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                self._last_evaluated.pop((namespace, name), None)
+                return None
+            try:
+                spec = api.parse_spec(body.get("spec") or {})
+            except api.SpecError:
+                return None  # the reconcile reports InvalidSpec; nothing to evaluate
+            status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
+            if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
+                return None
+            if not self._due(namespace, name, spec, status, now):
+                return None
+            return self._evaluate(body, spec, status, now)
+
+    def _due(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
+             status: api.SpecDecodeServiceStatus, now: datetime) -> bool:
+        interval = api.parse_duration(spec.autotune.evaluation_interval)
+        last = self._last_evaluated.get((namespace, name))
+        if last is None and status.recommendation and status.recommendation.at:
+            # After a restart: the last evaluation recorded in status.
+            last = st.parse_rfc3339(status.recommendation.at).timestamp()
+        return last is None or now.timestamp() - last >= interval - 1e-6
+
+    def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec,
+                  status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status))
+        read = self._read(self._access_for(spec), evaluation.scopes_for(spec, settings), now.timestamp())
+        observed, window = evaluation.observations_for(
+            read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
+        )
+        state = evaluation.policy_state(status, spec, now)
+        history = policy.history_from_status([r.to_wire() for r in status.history])
+        decision = policy.decide(settings, state, observed, history, now.timestamp())
+        result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
+        self._last_evaluated[(namespace, name)] = now.timestamp()
+
+        if result.status.to_wire() != status.to_wire():
+            self.kube.replace_status(body, result.status.to_wire())
+        for type_, reason, message in result.events:
+            self.kube.post_event(body, type_, reason, message, now)
+        self._record(namespace, name, spec, decision, window)
+        if result.rerender:
+            self.log.info("%s/%s: %s (%s)", namespace, name, decision.action.value, decision.reason)
+            self.controller.reconcile(namespace, name)
+        return decision
+
+    def _record(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
+                decision: policy.Decision, window: Optional[metrics.Observation]) -> None:
+        if decision.changes:
+            instrumentation.DECISIONS.labels(decision.action.value, spec.autotune.mode.value).inc()
+        instrumentation.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_available else 0)
+        rate = window.speculation.acceptance_rate if window is not None and window.speculation else None
+        if rate is not None:
+            instrumentation.ACCEPTANCE_RATE.labels(namespace, name).set(rate)
+
+    # ------------------------------------------------------------------------------ reading
+
+    def _read(self, access: metrics.PrometheusAccess, scopes: tuple[metrics.QueryScope, ...], at: float) -> metrics.ReadResult:
+        """One read per Prometheus and tick covering every scope seen so far."""
+        key = _access_key(access)
+        wanted = frozenset(scopes)
+        with self._reads_lock:
+            cached = self._reads.get(key)
+            if cached and at - cached.at < self.settings.evaluation_tick and wanted <= cached.scopes:
+                return cached.result
+            covered = wanted | (cached.scopes if cached else frozenset())
+        result = self.reader_factory(access).read(covered, at)
+        if isinstance(result, metrics.MetricsUnavailable):
+            instrumentation.ERRORS.labels("metrics").inc()
+        with self._reads_lock:
+            self._reads[key] = _CachedRead(at, covered, result)
+        return result
+
+    def _access_for(self, spec: api.SpecDecodeServiceSpec) -> metrics.PrometheusAccess:
+        m = spec.metrics
+        if not m.prometheus_url:
+            return metrics.PrometheusAccess(
+                url=self.settings.prometheus_url,
+                bearer_token_file=self.settings.prometheus_bearer_token_file,
+                ca_bundle=self.settings.prometheus_ca_file,
+            )
+        auth = m.auth or api.PrometheusAuth()
+        token = self._secret_value(auth.bearer_token_secret) if auth.bearer_token_secret else None
+        ca_file = None
+        if auth.ca_secret:
+            ca_file = _pem_file(self._secret_value(auth.ca_secret))
+        return metrics.PrometheusAccess(url=m.prometheus_url, bearer_token=token, ca_bundle=ca_file, headers=dict(auth.headers))
+
+    def _secret_value(self, ref: api.SecretKeyRef) -> Optional[str]:
+        """A key of a Secret in the operator's namespace (credentials never live in a spec)."""
+        import base64
+
+        try:
+            secret = self.kube.core.read_namespaced_secret(ref.name, self.operator_namespace)
+        except ApiException as err:
+            self.log.warning("cannot read secret %s/%s: %s", self.operator_namespace, ref.name, err.reason)
+            return None
+        data = (secret.data or {}).get(ref.key)
+        return base64.b64decode(data).decode() if data else None
+
+
+def _access_key(access: metrics.PrometheusAccess) -> tuple:
+    token = hashlib.sha256((access.bearer_token or "").encode()).hexdigest()
+    return (access.url, token, access.bearer_token_file, access.ca_bundle, tuple(sorted(access.headers.items())))
+
+
+def _pem_file(pem: Optional[str]) -> Optional[str]:
+    """requests verifies against a file: keep each distinct CA bundle in one temp file."""
+    if not pem:
+        return None
+    digest = hashlib.sha256(pem.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"specdecode-ca-{digest}.pem")
+    if not os.path.exists(path):
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(pem)
+        os.replace(path + ".tmp", path)
+    return path
