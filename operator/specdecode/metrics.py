@@ -47,6 +47,7 @@ import concurrent.futures
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from specdecode import constants, promql
@@ -368,12 +369,18 @@ class Observation:
         return self.prompt_tps * self.window_s / self.requests
 
     def to_status(self) -> dict[str, Any]:
-        """The camelCase form for ``status.observations`` (None fields left out)."""
+        """``status.observations`` in the API's camelCase fields (`api.Observations`); values
+        that are undefined (idle, speculation off) are left out. Running and waiting requests
+        are per replica there; ``drafts`` counts drafts (the sample count of alpha)."""
         spec = self.speculation
+        pods = self.pods if self.pods > 0 else None
         fields: dict[str, Any] = {
-            "configHash": self.key.config_hash,
+            "observedAt": datetime.fromtimestamp(self.evaluated_at, tz=timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"
+            ),
+            "configHash": self.key.config_hash or None,
             "window": promql.format_duration(self.window_s),
-            "pods": self.pods,
+            "pods": pods,
             "requests": _round(self.requests, 1),
             "requestRate": _round(self.request_rate, 3),
             "p95EndToEndSeconds": _round(self.e2e_p95_s, 4),
@@ -381,8 +388,10 @@ class Observation:
             "p95TimePerOutputTokenSeconds": _round(self.tpot_p95_s, 5),
             "meanTimePerOutputTokenSeconds": _round(self.tpot_mean_s, 5),
             "meanStepSeconds": _round(self.step_time_mean_s, 5),
-            "runningRequests": _round(self.running, 2),
-            "waitingRequests": _round(self.waiting, 2),
+            "runningRequests": _round(self.batch_per_pod, 2),
+            "waitingRequests": _round(
+                None if self.waiting is None or pods is None else self.waiting / pods, 2
+            ),
             "kvCacheUsage": _round(self.kv_cache_usage, 4),
             "preemptionRate": _round(self.preemption_rate, 4),
             "generationTokensPerSecond": _round(self.generation_tps, 1),

@@ -33,9 +33,11 @@ Order of the rules (the first that applies decides):
 6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
    off (or minK).
 7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every further probe
-   that failed in a row, up to ``reprobe_backoff_max`` times), when the model predicts that a remembered good
-   acceptance would pay at the current load; at the best K for a slightly lower acceptance
-   (conservative).
+   that failed in a row, and once more for a draft never seen above the floor, up to
+   ``reprobe_backoff_max`` times), when the model predicts that the remembered acceptance
+   (the best of history's entries and status.observations.alpha before the switch-off, at
+   least ``default_probe_alpha``) would pay at the current load, restart included; at the
+   best K for a slightly lower acceptance (conservative).
 8. Tuning: the best config by predicted score; act only when it beats the current one by the
    hysteresis margin at the point estimate, is no worse at every corner of the confidence box
    (alpha +- z*sigma, request rate +- z*sigma), repays the restart within
@@ -266,6 +268,9 @@ class PolicyState:
     ready_replicas: int = 1
     excluded_ks: frozenset[int] = frozenset()
     """Configs whose pods failed to start (status.failedConfigs): never chosen again."""
+    last_alpha: float | None = None
+    """status.observations.alpha as the previous evaluation left it (kept through outages):
+    the memory of how the current config did before this evaluation."""
 
     @property
     def config(self) -> int:
@@ -400,6 +405,8 @@ class Decision:
     effective_message: str
     predictions: tuple[ConfigPrediction, ...] = ()
     alpha: float | None = None
+    """The best acceptance the current config showed in this evaluation's windows (long and
+    short): what history remembers of it."""
     step_scale: float | None = None
 
     @property
@@ -1515,9 +1522,23 @@ def _make(
         effective_reason=eff_reason,
         effective_message=eff_message,
         predictions=tuple(preds[k2] for k2 in sorted(preds)),
-        alpha=est.alpha_pooled if est is not None else None,
+        alpha=_best_alpha(ctx, est),
         step_scale=scale,
     )
+
+
+def _best_alpha(ctx: _Context, est: Estimate | None) -> float | None:
+    """The larger of the estimate's acceptance and the long window's: a collapse seen on the
+    short window must not erase the memory that the draft paid until just now."""
+    values = []
+    if est is not None and est.alpha_pooled is not None:
+        values.append(est.alpha_pooled)
+    window = ctx.observed.window
+    if window is not None and window.speculation is not None and window.speculation.alpha is not None:
+        values.append(window.speculation.alpha)
+    if ctx.state.enabled and ctx.state.last_alpha is not None:
+        values.append(ctx.state.last_alpha)
+    return max(values) if values else None
 
 
 def _effectiveness(

@@ -210,14 +210,17 @@ class TestObservations:
         spec = build_observations(results, window_s=100, evaluated_at=1000)[KEY].speculation
         assert spec.accepted_per_position == (500.0, 0.0, 10.0)
 
-    def test_to_status_is_camel_case_and_drops_unknowns(self):
+    def test_to_status_matches_the_api_model(self):
+        from specdecode import api
+
         obs = build_observations(full_results(), window_s=300, evaluated_at=1000)[KEY]
         status = obs.to_status()
         assert status["acceptanceRate"] == pytest.approx(0.6507, abs=1e-4)
-        assert status["window"] == "300s"
-        assert status["configHash"] == "abc123"
-        assert all(v is not None for v in status.values())
-        assert all("_" not in k for k in status)
+        assert status["window"] == "300s" and status["observedAt"] == "1970-01-01T00:16:40Z"
+        assert status["runningRequests"] == 6.0  # per replica
+        assert status["drafts"] == 1000.0 and status["configHash"] == "abc123"
+        model = api.Observations.model_validate(status)
+        assert model.to_wire() == status  # every field known to the API, none dropped
 
     @settings(max_examples=200, deadline=None)
     @given(alpha=st.floats(0.01, 0.99), k=st.integers(1, 10), drafts=st.floats(1.0, 1e6))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -103,6 +103,8 @@ class PolicyRun:
     changes: list[Change]
     alpha_trace: list[tuple[float, float]] = field(default_factory=list)
     rules: dict[str, int] = field(default_factory=dict)
+    blocked: list[tuple[float, str, str]] = field(default_factory=list)
+    """(time, rule, reason) of decisions that wanted a change but held (price, cooldown...)."""
     decisions: int = 0
     metrics_unavailable: int = 0
 
@@ -133,6 +135,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
     transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
     live_at: float | None = None
 
+    long = None
     steps = int(math.floor(scenario.duration / scrape))
     for step in range(steps):
         t0 = step * scrape
@@ -148,7 +151,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             else:
                 fleet.start(slot, new_config)
         if live_at is not None and t >= live_at - 1e-9:
-            state = pol.PolicyState(state.enabled, state.k, state.since, live_at, fleet.ready)
+            state = replace(state, live_since=live_at, ready_replicas=fleet.ready)
             live_at = None
         outage = scenario.metrics_outage_at(t)
         if not outage:
@@ -168,11 +171,17 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, current)
             observed = pol.PolicyObservations.of(long, short)
         decision = pol.decide(settings, state, observed, tuple(history), t)
+        # status.observations.alpha: updated when the long window has acceptance, kept
+        # through outages and holds without it.
+        if not outage and long is not None and long.speculation is not None and long.speculation.alpha is not None:
+            state = replace(state, last_alpha=long.speculation.alpha)
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
             run.alpha_trace.append((t, decision.alpha))
         if not (decision.applied and decision.changes):
+            if "would move to" in decision.reason:
+                run.blocked.append((t, decision.rule, decision.reason))
             continue
         entry = decision.history_entry(t, state)
         if entry is not None:
@@ -185,7 +194,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
         live_at = t + replicas * rollout_s
         state = pol.PolicyState(decision.enabled, decision.k, since=t, live_since=None,
-                                ready_replicas=fleet.ready)
+                                ready_replicas=fleet.ready, last_alpha=None)
     return run
 
 
@@ -326,6 +335,9 @@ def _events(
                 (c for c in run.changes if start <= c.time < end and c.to_config < c.from_config), None
             )
             delay = None if change is None else change.time - start
+            held = None
+            if change is None:
+                held = next((reason for when, _, reason in run.blocked if start <= when < end), None)
             # Visible with the first scrape after the change, or after an outage hiding it.
             visible = start
             for outage in scenario.metrics_outage:
@@ -333,7 +345,9 @@ def _events(
                     visible = outage.end
             visible += settings.scrape_interval_s
             intervals = None if change is None else (change.time - visible) / settings.evaluation_interval_s
-            collapses.append({"at_s": start, "fallback_s": delay, "fallback_intervals": intervals})
+            collapses.append(
+                {"at_s": start, "fallback_s": delay, "fallback_intervals": intervals, "held": held}
+            )
         elif before < floor <= after:
             change = next(
                 (c for c in run.changes if start <= c.time < end and c.from_config == OFF), None
