@@ -43,6 +43,10 @@ def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServic
         k = spec.speculation.num_speculative_tokens
         return policy.PolicyState(enabled=True, k=k, since=now.timestamp(), live_since=None,
                                   ready_replicas=status.ready_replicas or 0, excluded_ks=excluded)
+    # The previous evaluation's acceptance, if it was measured on the config that runs now:
+    # kept through an outage, it remembers that the draft paid.
+    earlier = status.observations
+    last_alpha = earlier.alpha if earlier and earlier.config_hash == effective.config_hash else None
     return policy.PolicyState(
         enabled=effective.enabled,
         k=effective.k if effective.enabled else None,
@@ -50,6 +54,7 @@ def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServic
         live_since=_epoch(effective.live_since),
         ready_replicas=status.ready_replicas or 0,
         excluded_ks=excluded,
+        last_alpha=last_alpha,
     )
 
 

@@ -1,0 +1,98 @@
+"""What a decision changes in status, and what the policy is told from status alone."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from specdecode import api, constants as C, evaluation, policy
+from specdecode import status as st
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _spec(mode: str = "Auto") -> api.SpecDecodeServiceSpec:
+    return api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 3},
+                           "autotune": {"mode": mode}})
+
+
+def _status(spec, k=3, enabled=True) -> api.SpecDecodeServiceStatus:
+    return api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=enabled, k=k if enabled else None, method="ngram", since=st.rfc3339(T0 - timedelta(hours=1)),
+        live_since=st.rfc3339(T0 - timedelta(minutes=59)), config_hash="abc", live=True,
+        spec_hash=st.declared_speculation_hash(spec)))
+
+
+def _decision(action=policy.Action.DISABLE, enabled=False, k=None, applied=True, reason="alpha 0.2 < floor 0.35"):
+    return policy.Decision(
+        action=action, enabled=enabled, k=k, reason=reason, rule="floor", applied=applied,
+        metrics_available=True, metrics_reason=C.REASON_METRICS_OK, metrics_message="",
+        speculation_effective=False if not enabled else True, effective_reason="AcceptanceBelowFloor",
+        effective_message=reason,
+    )
+
+
+def test_applied_disable_changes_speculation_and_says_so():
+    spec = _spec()
+    status = _status(spec)
+    state = evaluation.policy_state(status, spec, T0)
+    result = evaluation.apply_decision(status, spec, _decision(), state, None, 1, T0)
+    assert result.rerender is True
+    assert result.status.speculation.enabled is False and result.status.speculation.k is None
+    assert result.status.speculation.since == st.rfc3339(T0)
+    (record,) = result.status.history
+    assert (record.action, record.from_k, record.to_k, record.applied) == ("disable", 3, None, True)
+    assert result.events[0][1] == C.EVENT_SPECULATION_CHANGED
+    effective = st.get_condition(result.status.conditions, C.COND_SPECULATION_EFFECTIVE)
+    assert effective.status == "False" and "0.2" in effective.message
+
+
+def test_recommend_mode_reports_once_and_changes_nothing():
+    spec = _spec("Recommend")
+    status = _status(spec)
+    state = evaluation.policy_state(status, spec, T0)
+    first = evaluation.apply_decision(status, spec, _decision(applied=False), state, None, 1, T0)
+    assert first.rerender is False
+    assert first.status.speculation == status.speculation
+    assert first.status.recommendation.action == "disable"
+    assert len(first.status.history) == 1 and first.status.history[0].applied is False
+    again = evaluation.apply_decision(first.status, spec, _decision(applied=False), state, None, 1, T0 + timedelta(minutes=1))
+    assert again.status.to_wire() == first.status.to_wire()  # same advice: no write, no event
+    assert again.events == ()
+
+
+def test_a_hold_writes_nothing_new():
+    spec = _spec()
+    status = _status(spec)
+    state = evaluation.policy_state(status, spec, T0)
+    hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="K=3 is best within 5%")
+    first = evaluation.apply_decision(status, spec, hold, state, None, 1, T0)
+    again = evaluation.apply_decision(first.status, spec, hold, state, None, 1, T0 + timedelta(seconds=30))
+    assert again.status.to_wire() == first.status.to_wire() and again.events == () and not again.rerender
+
+
+def test_history_is_bounded():
+    spec = _spec()
+    status = _status(spec)
+    for i in range(C.MAX_DECISION_HISTORY + 5):
+        state = evaluation.policy_state(status, spec, T0 + timedelta(minutes=i))
+        decision = _decision(action=policy.Action.SET_K, enabled=True, k=2 + i % 2, reason=f"move {i}")
+        status = evaluation.apply_decision(status, spec, decision, state, None, 1, T0 + timedelta(minutes=i)).status
+    assert len(status.history) == C.MAX_DECISION_HISTORY
+    assert status.history[-1].reason == f"move {C.MAX_DECISION_HISTORY + 4}"
+
+
+def test_policy_state_comes_from_status():
+    spec = _spec()
+    status = _status(spec).model_copy(update={
+        "failed_configs": [api.FailedConfig(config_hash="x", spec_generation=1, cause="OutOfMemory", k=5, at=st.rfc3339(T0))],
+        "observations": api.Observations(config_hash="abc", alpha=0.71),
+    })
+    state = evaluation.policy_state(status, spec, T0)
+    assert (state.enabled, state.k, state.excluded_ks, state.last_alpha) == (True, 3, frozenset({5}), 0.71)
+    assert state.live_since == (T0 - timedelta(minutes=59)).timestamp()
+
+
+def test_restart_price_duration_is_measured_from_the_last_rollout():
+    spec = _spec()
+    assert evaluation.measured_restart_s(_status(spec)) == 60.0
+    assert evaluation.measured_restart_s(api.SpecDecodeServiceStatus()) == evaluation.DEFAULT_RESTART_S
