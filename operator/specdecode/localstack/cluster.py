@@ -3,12 +3,13 @@
 kwokctl (`--runtime=binary`) starts etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and the kwok controller from the binaries `build.py` compiled. kwokctl does
 the parts that are easy to get subtly wrong by hand: a CA and admin certificate, the
-service-account signing key (TokenRequest works), kubeconfigs for every component, free
-ports, pid files. This module adds what the project needs on top:
+service-account signing key (TokenRequest works), kubeconfigs for every component, pid
+files. This module adds what the project needs on top:
 
 - everything lives in one state directory per cluster (never `~/.kube/config` and never
   `~/.kwok`: `KWOK_WORKDIR` and `--kubeconfig` point into the state directory);
-- every component listens on 127.0.0.1 only;
+- every component listens on 127.0.0.1 only, on ports chosen under a machine-wide lock
+  (kwokctl's own choice races when two clusters start at once);
 - an audit log of every write (its path is in `ClusterInfo.audit_log`);
 - Stages that make pods start, load (a ready delay) and optionally crash-loop;
 - fake GPU nodes; `up` returns only once they are Ready and pods can be created;
@@ -99,6 +100,7 @@ class ClusterInfo:
         path.parent.mkdir(parents=True, exist_ok=True)
         # The token is a credential: readable by the owner only, from the first byte on.
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(descriptor, 0o600)  # an existing file keeps its mode through O_CREAT
         with os.fdopen(descriptor, "w") as handle:
             yaml.safe_dump({
                 "apiVersion": "v1",
@@ -193,10 +195,6 @@ def kwokctl_create_command(kwokctl: Path, name: str, config: Path, kubeconfig: P
     ]
 
 
-def kwokctl_delete_command(kwokctl: Path, name: str, kubeconfig: Path) -> list[str]:
-    return [str(kwokctl), "--name", name, "delete", "cluster", "--kubeconfig", str(kubeconfig)]
-
-
 def server_from_kubeconfig(kubeconfig_text: str) -> str:
     """The API server URL of the kubeconfig's current context."""
     config = yaml.safe_load(kubeconfig_text) or {}
@@ -236,9 +234,10 @@ def processes_referencing(path: Path) -> list[int]:
 
     Every process of a cluster gets paths inside its own work directory on its command line
     (data dir, certificates, kubeconfig), so this finds exactly that cluster's processes,
-    including ones whose pid file was lost when kwokctl or the caller crashed.
+    including ones whose pid file was lost when kwokctl or the caller crashed. Matching
+    `path/` (not `path`) keeps a cluster's directory from matching a longer sibling name.
     """
-    needle = str(path)
+    needle = str(path) + os.sep
     own = os.getpid()
     pids = []
     for entry in Path("/proc").iterdir():
@@ -442,7 +441,7 @@ class LocalCluster:
 
     def _is_ours(self, pid: int) -> bool:
         # Guard against a recycled pid: the process must still be one of this cluster's.
-        return _alive(pid) and str(self.workdir) in _cmdline(pid)
+        return _alive(pid) and str(self.workdir) + os.sep in _cmdline(pid)
 
     def component_pids(self) -> dict[str, int | None]:
         """Each component's pid if it is alive (kwokctl's pid files), else None."""
@@ -653,16 +652,10 @@ class LocalCluster:
             return self._down_locked(progress)
 
     def _down_locked(self, progress: bool) -> bool:
+        # No `kwokctl delete cluster`: it only SIGKILLs the pids in its pid files and deletes
+        # the work directory. Terminating every process that names the work directory covers
+        # lost pid files too, and gives the components a SIGTERM first.
         existed = self.state_dir.exists()
-        kwokctl = self._kwokctl_binary()
-        if kwokctl is not None and self.workdir.exists():
-            env = kwokctl_environment(os.environ, self.state_dir, kwokctl.parent)
-            try:
-                subprocess.run(kwokctl_delete_command(kwokctl, self.name, self.kubeconfig_path), env=env,
-                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-            except subprocess.TimeoutExpired:
-                # The sweep below kills whatever kwokctl could not stop.
-                pass
         self._sweep_processes()
         if existed:
             shutil.rmtree(self.state_dir)
@@ -679,14 +672,3 @@ class LocalCluster:
         survivors = [pid for pid in processes_referencing(self.workdir) if _alive(pid)]
         if survivors:
             raise ClusterError(f"could not stop processes {survivors} of cluster {self.name!r}: kill them by pid")
-
-    def _kwokctl_binary(self) -> Path | None:
-        """The kwokctl that started this cluster (recorded in its config), if still present."""
-        config = self._config_dir / "kwokctl.yaml"
-        try:
-            options = next(yaml.safe_load_all(config.read_text()))["options"]
-            candidate = Path(options["kwokControllerBinary"]).with_name("kwokctl")
-        except (OSError, StopIteration, KeyError, TypeError, yaml.YAMLError):
-            return None
-        return candidate if os.access(candidate, os.X_OK) else None
-
