@@ -67,6 +67,7 @@ hardware); on a slower GPU (``gpu-slow`` scenario) the crossover comes at ~9 req
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 from statistics import NormalDist
@@ -79,6 +80,16 @@ OFF = 0
 """The config with speculation off (K = 0)."""
 
 _NORMAL = NormalDist()
+_SQRT2 = math.sqrt(2.0)
+
+
+@functools.lru_cache(maxsize=65536)
+def _lognormal_mu_sigma(mean: float, cv: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this mean and CV (memoized: P95 bisections ask for
+    the same component's CDF dozens of times)."""
+    sigma2 = math.log1p(cv * cv)
+    sigma = math.sqrt(sigma2)
+    return math.log(mean) - sigma2 / 2.0, sigma
 
 
 class EngineParamsError(ValueError):
@@ -524,28 +535,10 @@ def _solve(
     rises monotonically; preemptions make it fall again near a full cache. Capacity is its
     maximum over B <= cap; below capacity the batch is the smallest B with lambda(B) = rate.
     """
+    rate_for, preemptions = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    peak_batch, capacity = _peak(params, k, prompt, steps_in_batch, context, kv_per_seq, batch_cap, kv_cap)
     cost = _step_cost(params, k, context)
     n = steps_in_batch
-
-    def preemptions(batch: float) -> float:
-        return _preemptions_per_request(params, min(1.0, batch * kv_per_seq / kv_cap))
-
-    def rate_for(batch: float) -> float:
-        prefill = prompt + preemptions(batch) * kv_per_seq
-        return batch / (
-            n * (cost.fixed + cost.per_seq * batch) + batch * cost.per_prefill_token * prefill
-        )
-
-    onset_batch = params.preemption_onset * kv_cap / kv_per_seq
-    peak_batch = batch_cap
-    if onset_batch < batch_cap:
-        # lambda(B) rises up to the onset, so its maximum lies in [onset, cap].
-        grid = [
-            onset_batch + (batch_cap - onset_batch) * i / _CAPACITY_GRID
-            for i in range(_CAPACITY_GRID + 1)
-        ]
-        peak_batch = max(grid, key=rate_for)
-    capacity = rate_for(peak_batch)
 
     lam = rate_per_replica
     if lam >= capacity:
@@ -571,6 +564,66 @@ def _solve(
         capacity_per_replica=capacity,
         saturated=saturated,
     )
+
+
+def _rate_function(
+    params: EngineParams,
+    k: int,
+    prompt: float,
+    steps_in_batch: float,
+    context: float,
+    kv_per_seq: float,
+    kv_cap: float,
+):
+    """``lambda(B)`` of `_solve` (and the preemptions per request at batch B)."""
+    cost = _step_cost(params, k, context)
+    n = steps_in_batch
+
+    onset = params.preemption_onset
+
+    def preemptions(batch: float) -> float:
+        return _preemptions_per_request(params, min(1.0, batch * kv_per_seq / kv_cap))
+
+    def rate_for(batch: float) -> float:
+        if batch * kv_per_seq / kv_cap <= onset:
+            prefill = prompt  # no preemptions below the onset (the same value, sooner)
+        else:
+            prefill = prompt + preemptions(batch) * kv_per_seq
+        return batch / (
+            n * (cost.fixed + cost.per_seq * batch) + batch * cost.per_prefill_token * prefill
+        )
+
+    return rate_for, preemptions
+
+
+@functools.lru_cache(maxsize=16384)
+def _peak(
+    params: EngineParams,
+    k: int,
+    prompt: float,
+    steps_in_batch: float,
+    context: float,
+    kv_per_seq: float,
+    batch_cap: float,
+    kv_cap: float,
+) -> tuple[float, float]:
+    """(batch at the maximum of lambda(B) over B <= cap, that maximum = capacity per replica).
+
+    Independent of the offered rate, so memoized: the grid search is the costliest part of
+    the model and every evaluation at another rate of the same workload reuses it (pure
+    function of frozen arguments, so caching changes no result).
+    """
+    rate_for, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    onset_batch = params.preemption_onset * kv_cap / kv_per_seq
+    peak_batch = batch_cap
+    if onset_batch < batch_cap:
+        # lambda(B) rises up to the onset, so its maximum lies in [onset, cap].
+        grid = [
+            onset_batch + (batch_cap - onset_batch) * i / _CAPACITY_GRID
+            for i in range(_CAPACITY_GRID + 1)
+        ]
+        peak_batch = max(grid, key=rate_for)
+    return peak_batch, rate_for(peak_batch)
 
 
 def steady_state(
@@ -766,14 +819,44 @@ class _Component:
 _WAIT_POINTS = 16
 
 
-def _component_e2e_cdf(c: _Component, x: float) -> float:
+def _e2e_cdf_function(c: _Component):
+    """``x -> P(e2e <= x)`` of one component: its service lognormal shifted by a wait
+    uniform on [wait_lo, wait_hi] (16-point midpoint rule).
+
+    The same arithmetic as `_lognormal_cdf` term by term, with the wait points and the
+    lognormal's (mu, sigma) computed once per component instead of once per call: a P95
+    bisection evaluates the CDF dozens of times.
+    """
+    mean, cv = c.service_mean, c.service_cv
     if c.wait_hi - c.wait_lo <= 1e-12:
-        return _lognormal_cdf(x - c.wait_lo, c.service_mean, c.service_cv)
-    total = 0.0
-    for j in range(_WAIT_POINTS):
-        w = c.wait_lo + (c.wait_hi - c.wait_lo) * (j + 0.5) / _WAIT_POINTS
-        total += _lognormal_cdf(x - w, c.service_mean, c.service_cv)
-    return total / _WAIT_POINTS
+        waits: tuple[float, ...] = (c.wait_lo,)
+        divisor = None
+    else:
+        waits = tuple(
+            c.wait_lo + (c.wait_hi - c.wait_lo) * (j + 0.5) / _WAIT_POINTS
+            for j in range(_WAIT_POINTS)
+        )
+        divisor = _WAIT_POINTS
+    if not math.isfinite(mean) or cv <= 0 or mean <= 0:
+        def cdf(x: float) -> float:
+            total = 0.0
+            for w in waits:
+                total += _lognormal_cdf(x - w, mean, cv)
+            return total if divisor is None else total / divisor
+
+        return cdf
+    mu, sigma = _lognormal_mu_sigma(mean, cv)
+    log, erf = math.log, math.erf
+
+    def cdf(x: float) -> float:
+        total = 0.0
+        for w in waits:
+            y = x - w
+            if y > 0:
+                total += 0.5 * (1.0 + erf((log(y) - mu) / sigma / _SQRT2))
+        return total if divisor is None else total / divisor
+
+    return cdf
 
 
 def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
@@ -877,8 +960,10 @@ def evaluate_phase(
             )
         produced = (mu * drain + lam * (duration_s - drain)) * out
 
+    e2e_cdfs = [(c.weight, _e2e_cdf_function(c)) for c in comps]
+
     def e2e_cdf(x: float) -> float:
-        return sum(c.weight * _component_e2e_cdf(c, x) for c in comps)
+        return sum(weight * cdf(x) for weight, cdf in e2e_cdfs)
 
     def tpot_cdf(x: float) -> float:
         return sum(c.weight * _lognormal_cdf(x, c.tpot_mean, c.tpot_cv) for c in comps)
@@ -902,7 +987,7 @@ def evaluate_phase(
         # output length: nearly independent, so the joint probability is their product.
         good = 0.0
         for c in comps:
-            p_e2e = 1.0 if slo_e2e_s is None else _component_e2e_cdf(c, slo_e2e_s)
+            p_e2e = 1.0 if slo_e2e_s is None else _e2e_cdf_function(c)(slo_e2e_s)
             p_tpot = 1.0 if slo_tpot_s is None else _lognormal_cdf(slo_tpot_s, c.tpot_mean, c.tpot_cv)
             good += c.weight * p_e2e * p_tpot
     goodput = min(good * lam * out, produced / duration_s) if lam > 0 else 0.0
@@ -1003,10 +1088,10 @@ def _lognormal_cdf(x: float, mean: float, cv: float) -> float:
         return 0.0
     if cv <= 0 or mean <= 0:
         return 1.0 if x >= mean else 0.0
-    sigma2 = math.log1p(cv * cv)
-    sigma = math.sqrt(sigma2)
-    mu = math.log(mean) - sigma2 / 2.0
-    return _NORMAL.cdf((math.log(x) - mu) / sigma)
+    mu, sigma = _lognormal_mu_sigma(mean, cv)
+    # NormalDist().cdf(z) inlined (same expression, so the same float): this is the hot
+    # loop of every P95 bisection.
+    return 0.5 * (1.0 + math.erf((math.log(x) - mu) / sigma / _SQRT2))
 
 
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:

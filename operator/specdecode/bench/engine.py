@@ -98,7 +98,18 @@ class SegmentEvaluator:
         self.slo_e2e_s = slo_e2e_s
         self.slo_tpot_s = slo_tpot_s
         self._memo: dict[tuple, _Eval] = {}
+        self._truths: dict[float, tuple[int, Workload]] = {}
         self.evaluations = 0
+
+    def truth(self, scenario: Scenario, at: float) -> tuple[int, Workload]:
+        """(phase index, quantized true workload) at ``at``, memoized: the oracle's DP and
+        every strategy cut the timeline at the same points."""
+        hit = self._truths.get(at)
+        if hit is None:
+            conditions = scenario.true_conditions(at)
+            hit = (conditions.phase_index, quantized(conditions.workload))
+            self._truths[at] = hit
+        return hit
 
     def evaluate(self, workload: Workload, config: int, duration: float, queue: float, replicas: int) -> _Eval:
         queue = round(max(0.0, queue), 1)
@@ -212,8 +223,7 @@ def evaluate_schedule(
         while index + 1 < len(schedule) and schedule[index + 1].start <= a:
             index += 1
         serving = schedule[index]
-        truth = scenario.true_conditions(a)
-        workload = quantized(truth.workload)
+        phase_index, workload = evaluator.truth(scenario, a)
         r = evaluator.evaluate(workload, serving.config, b - a, queue, serving.replicas)
         violated = (
             (scenario.slo.p95_e2e_s is not None and r.e2e_p95_s > scenario.slo.p95_e2e_s)
@@ -221,7 +231,7 @@ def evaluate_schedule(
         )
         segments.append(
             Segment(
-                start=a, end=b, phase_index=truth.phase_index, workload=workload,
+                start=a, end=b, phase_index=phase_index, workload=workload,
                 config=serving.config, replicas=serving.replicas, rolling=serving.rolling,
                 arrivals=r.arrivals, e2e_mean_s=r.e2e_mean_s, e2e_p95_s=r.e2e_p95_s,
                 tpot_mean_s=r.tpot_mean_s, tpot_p95_s=r.tpot_p95_s,
