@@ -5,7 +5,8 @@ the binaries beforehand (`specdecode cluster build`, a cold build takes many min
 first e2e test does not spend its timeout compiling Kubernetes.
 
 Set SPECDECODE_E2E_KEEP_CLUSTER=1 to leave the cluster running after the session for a look
-(`specdecode cluster status --name e2e`); the next session replaces it.
+(`specdecode cluster status --name e2e`); the next session replaces it. Sessions that run at
+the same time need different SPECDECODE_E2E_CLUSTER names, or they replace each other's.
 """
 
 from __future__ import annotations

@@ -276,6 +276,11 @@ def terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    # SIGKILL is delivered asynchronously: give the kernel a moment to reap before callers
+    # check for survivors.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
