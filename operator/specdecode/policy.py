@@ -143,8 +143,37 @@ class PolicyTuning:
     """Clamp of the fitted acceptance decay over positions."""
     scale_bounds: tuple[float, float] = (0.2, 5.0)
     """Clamp of the measured/prior step-time scale (outside: the prior is badly off)."""
+    min_kv_usage: float = 0.02
+    """KV usage below which the gauge is too small a signal to calibrate the KV memory."""
+    kv_scale_bounds: tuple[float, float] = (0.1, 2.0)
+    """Clamp of the measured/prior KV memory."""
     reserved_guard_changes: int = 1
     """Changes per hour kept for fallbacks: tuning moves stop one short of the budget."""
+    hedge_zone: float = 0.8
+    """Capacity hedge (maxSurge 0): considered once the long window's request rate, at its
+    lower confidence bound, and the short window's reach this fraction of what the replicas
+    left serving during a rollout carry. A rise of a quarter more makes every restart an
+    overload: the running config is locked in."""
+    hedge_release: float = 0.7
+    """Hysteresis of the hedge: a move to a config with less capacity is refused while the
+    load on either window is above this fraction of the rollout's capacity and the hedge
+    would send it back (so a hedge is not undone while the load is still near the zone)."""
+    hedge_min_capacity_gain: float = 0.1
+    """A hedge moves to a config with at least 10% more capacity than the current one."""
+    hedge_overload: float = 1.05
+    """The future the hedge insures against: the load rising to this multiple of the current
+    config's capacity (where it is locked in and its queue grows)."""
+    hedge_min_benefit: float = 0.25
+    """A hedge must be at least 25% faster than the current config in that future."""
+    probe_max_rollout_load: float = 0.8
+    """A re-probe (maxSurge 0) waits while the load is above this fraction of what the
+    replicas left serving during a rollout carry: a probe that fails costs two restarts, and
+    near that capacity each one builds a queue."""
+    hedge_rise_prior: float = 0.5
+    """Assumed chance that a load in the zone keeps rising to that future: a hedge is taken
+    when prior x the mean e2e it saves there exceeds (1 - prior) x the mean e2e it costs at
+    today's load over the payback horizon, restart included (seconds against seconds: the
+    time-averaged latency users see)."""
 
 
 @dataclass(frozen=True)
@@ -500,6 +529,8 @@ class Estimate:
     draft_tokens: float
     e2e_p95_s: float | None
     tpot_p95_s: float | None
+    kv_usage: float | None = None
+    """Mean KV-cache usage of a replica (0..1) over the window."""
 
 
 _DEFAULT_PROMPT_TOKENS = 1000.0
@@ -542,6 +573,7 @@ def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
         draft_tokens=draft_tokens,
         e2e_p95_s=obs.e2e_p95_s,
         tpot_p95_s=obs.tpot_p95_s,
+        kv_usage=obs.kv_cache_usage,
     )
 
 
@@ -591,12 +623,34 @@ def step_scale(params: EngineParams, k: int, est: Estimate) -> float | None:
     return est.step_time_s / model
 
 
-def scaled_params(params: EngineParams, scale: float, decay: float | None) -> EngineParams:
-    """The prior with every time cost multiplied by ``scale`` (and the fitted decay), both
-    rounded to 1% / 0.01 (their noise is larger)."""
+def kv_scale(params: EngineParams, k: int, est: Estimate, tuning: PolicyTuning) -> float | None:
+    """Measured / prior KV-cache memory of a replica (None: unknown).
+
+    The KV usage gauge over the running batch gives the tokens one replica holds:
+    ``batch x (prompt + output/2 + K) / usage``; with speculation on that is what is left
+    after the proposer's weights and KV, so the prior's draft sizes convert it back to the
+    memory both sides share (a smaller GPU shrinks them alike). Usage below
+    ``min_kv_usage`` is too small a signal."""
+    usage, batch = est.kv_usage, est.batch_per_replica
+    if usage is None or batch is None or batch <= 0 or usage < tuning.min_kv_usage:
+        return None
+    held = batch * (est.prompt_tokens + est.output_tokens / 2.0 + k) / usage
+    memory = held if k == OFF else held * (1.0 + params.draft_kv_ratio) + params.draft_weight_tokens
+    lo, hi = tuning.kv_scale_bounds
+    return min(hi, max(lo, memory / params.kv_capacity_tokens))
+
+
+def scaled_params(
+    params: EngineParams, scale: float, decay: float | None, kv: float | None = None
+) -> EngineParams:
+    """The prior with every time cost multiplied by ``scale`` (and the fitted decay, and the
+    KV memory by ``kv``), rounded to 1% / 0.01 / 2% (their noise is larger)."""
     scale = _round_rel(scale, 0.01)
     if decay is not None:
         decay = round(decay, 2)
+    if kv is not None:
+        kv_tokens = int(round(params.kv_capacity_tokens * _round_rel(kv, 0.02)))
+        params = replace(params, kv_capacity_tokens=max(params.draft_weight_tokens + 1, kv_tokens))
     return replace(
         params,
         step_fixed_s=params.step_fixed_s * scale,
@@ -803,6 +857,176 @@ def switch_outlook(
     )
 
 
+@dataclass(frozen=True)
+class HedgeOutlook:
+    """Switching from ``current`` to ``target`` now as insurance against a rising load.
+
+    With maxSurge 0 a rollout serves on the replicas left (R - maxUnavailable); once the load
+    passes what they carry, any restart is an overload and the running config is locked in.
+    The hedge compares two futures over the payback horizon: the load stays (the premium:
+    what the switch costs today, restart included) or it rises to ``future_rate`` (the
+    current config's capacity x ``hedge_overload``), where the target is faster by
+    ``benefit``."""
+
+    current: int
+    target: int
+    rollout_capacity_rps: float
+    """What the replicas left serving during the rollout carry (the lower of both configs)."""
+    future_rate: float
+    horizon_s: float
+    stay_future_s: float
+    """Mean e2e latency of the current config at the future rate, over the horizon."""
+    hedge_future_s: float
+    premium: float
+    """Relative latency lost by switching now if the load stays (restart included, >= 0)."""
+    premium_s: float
+    """The same in seconds of mean e2e latency over the payback horizon."""
+    benefit: float
+    """Relative latency saved at the future rate (1 - hedge / stay)."""
+
+    @property
+    def benefit_s(self) -> float:
+        """Seconds of mean e2e latency saved at the future rate."""
+        if not math.isfinite(self.stay_future_s):
+            return math.inf if math.isfinite(self.hedge_future_s) else 0.0
+        return self.stay_future_s - self.hedge_future_s
+
+    def value(self, prior: float) -> float:
+        """Expected mean-latency saving in seconds: > 0 means the insurance is worth its
+        premium."""
+        return prior * self.benefit_s - (1.0 - prior) * self.premium_s
+
+
+def _serving_in_rollout(settings: PolicySettings, replicas: int) -> int:
+    """Replicas that keep serving while a maxSurge-0 rollout restarts the others."""
+    return replicas - max(1, min(settings.max_unavailable, replicas))
+
+
+def _rollout_capacity(
+    calibration: Calibration,
+    est: Estimate,
+    configs: Iterable[int],
+    settings: PolicySettings,
+    alpha: float | None = None,
+) -> float | None:
+    """What the replicas left serving during a maxSurge-0 rollout carry (the lowest over
+    ``configs``); None with maxSurge >= 1 or a single replica."""
+    replicas = max(1, calibration.on.replicas)
+    serving = _serving_in_rollout(settings, replicas)
+    if settings.max_surge >= 1 or serving < 1:
+        return None
+    workload = _workload(est, est.alpha if alpha is None else alpha)
+    horizon = settings.tuning.payback_horizon_s
+    slo = (settings.slo_e2e_s, settings.slo_tpot_s)
+    return min(
+        _phase(calibration.params_for(k), workload, k, horizon, 0.0, serving, *slo).steady.capacity_rps
+        for k in configs
+    )
+
+
+def hedge_outlook(
+    calibration: Calibration,
+    est: Estimate,
+    current: int,
+    target: int,
+    settings: PolicySettings,
+    rate: float | None = None,
+    zone: float = 0.0,
+    peak_rate: float | None = None,
+    alpha: float | None = None,
+) -> HedgeOutlook | None:
+    """The hedge from ``current`` to ``target``; None when it does not apply: maxSurge >= 1,
+    a single replica, a target without ``hedge_min_capacity_gain`` more capacity, ``rate``
+    (default: the estimate's) below ``zone`` x the rollout's capacity, or ``peak_rate`` (when
+    given) at or above it (too late: the rollout itself would overload)."""
+    t = settings.tuning
+    replicas = max(1, calibration.on.replicas)
+    serving = _serving_in_rollout(settings, replicas)
+    if settings.max_surge >= 1 or serving < 1:
+        return None
+    horizon = t.payback_horizon_s
+    slo = (settings.slo_e2e_s, settings.slo_tpot_s)
+    workload = _workload(est, est.alpha if alpha is None else alpha)
+
+    def phase(k: int, load: Workload, n: int) -> perfmodel.PhaseResult:
+        return _phase(calibration.params_for(k), load, k, horizon, 0.0, n, *slo)
+
+    cap_current = phase(current, workload, replicas).steady.capacity_rps
+    cap_target = phase(target, workload, replicas).steady.capacity_rps
+    if not cap_target >= cap_current * (1.0 + t.hedge_min_capacity_gain):
+        return None
+    rollout_capacity = min(
+        phase(current, workload, serving).steady.capacity_rps,
+        phase(target, workload, serving).steady.capacity_rps,
+    )
+    rate = est.request_rate if rate is None else rate
+    if rate < zone * rollout_capacity:
+        return None
+    if peak_rate is not None and peak_rate >= rollout_capacity:
+        return None
+    future_rate = _round_rel(cap_current * t.hedge_overload, 0.01)
+    future = replace(workload, request_rate=future_rate)
+    stay = phase(current, future, replicas).e2e_mean_s
+    hedge = phase(target, future, replicas).e2e_mean_s
+    if not math.isfinite(hedge):
+        benefit = 0.0
+    elif not math.isfinite(stay) or stay <= 0:
+        benefit = 1.0
+    else:
+        benefit = 1.0 - hedge / stay
+    premium = premium_s = 0.0
+    if benefit >= t.hedge_min_benefit:
+        outlook = switch_outlook(calibration, est, current, target, settings, alpha)
+        saving = outlook.saving
+        premium = max(0.0, -saving) if math.isfinite(saving) else math.inf
+        arrivals = workload.request_rate * t.payback_horizon_s
+        if not math.isfinite(outlook.switch_request_s):
+            premium_s = math.inf
+        elif arrivals > 0:
+            premium_s = max(0.0, outlook.switch_request_s - outlook.stay_request_s) / arrivals
+    return HedgeOutlook(
+        current=current,
+        target=target,
+        rollout_capacity_rps=rollout_capacity,
+        future_rate=future_rate,
+        horizon_s=horizon,
+        stay_future_s=stay,
+        hedge_future_s=hedge,
+        premium=premium,
+        premium_s=premium_s,
+        benefit=benefit,
+    )
+
+
+def best_hedge(
+    calibration: Calibration,
+    est: Estimate,
+    current: int,
+    candidates: Iterable[int],
+    settings: PolicySettings,
+    rate: float,
+    zone: float,
+    peak_rate: float | None = None,
+    alpha: float | None = None,
+) -> HedgeOutlook | None:
+    """The most valuable hedge from ``current`` at load ``rate`` (``peak_rate``: the highest
+    recent load) with the zone threshold ``zone``, or None when none is worth its premium."""
+    t = settings.tuning
+    best: HedgeOutlook | None = None
+    for target in candidates:
+        if target == current:
+            continue
+        outlook = hedge_outlook(
+            calibration, est, current, target, settings, rate, zone, peak_rate, alpha
+        )
+        if outlook is None or outlook.benefit < t.hedge_min_benefit:
+            continue
+        value = outlook.value(t.hedge_rise_prior)
+        if value > 0 and (best is None or value > best.value(t.hedge_rise_prior)):
+            best = outlook
+    return best
+
+
 def _finite_gap(a: float, b: float) -> float:
     if math.isinf(a) and math.isinf(b):
         return 0.0
@@ -1004,10 +1228,12 @@ def _decide(ctx: _Context) -> Decision:
     calibration, scale = _calibrate(ctx, est)
     ks = ctx.allowed()
 
-    # --- acceptance floor on the long window (the user's hard rule) ---
+    # --- acceptance floor on the long window (the user's hard rule: no price check) ---
+    # Unless the short window, newer, shows acceptance confidently back above the floor:
+    # then the long window's low acceptance is the past, not the present.
     if state.enabled and est.alpha_pooled is not None and est.alpha_stderr is not None:
         upper = est.alpha_pooled + ctx.tuning.confidence_z * est.alpha_stderr
-        if upper < s.acceptance_floor:
+        if upper < s.acceptance_floor and not _recovered(ctx, obs_guard):
             preds = predict(calibration, est, ks, ctx.current, s)
             target = OFF if s.allow_disable else s.min_k
             if target != ctx.current:
@@ -1025,6 +1251,20 @@ def _decide(ctx: _Context) -> Decision:
 
 
 # --- rules -----------------------------------------------------------------------------------
+
+
+def _recovered(ctx: _Context, obs_guard: Observation | None) -> bool:
+    """The short window's acceptance is confidently above the floor (with its own sample
+    minimums)."""
+    s = ctx.settings
+    if obs_guard is None or obs_guard.idle or not ctx.state.enabled:
+        return False
+    short = estimate(obs_guard, ctx.tuning)
+    if short.alpha_pooled is None or short.alpha_stderr is None:
+        return False
+    if short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
+        return False
+    return short.alpha_pooled - ctx.tuning.confidence_z * short.alpha_stderr > s.acceptance_floor
 
 
 def _bounds_rule(ctx: _Context) -> Decision | None:
@@ -1155,9 +1395,10 @@ def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]
         off_scale = base
         on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
     decay = est.decay
+    kv = kv_scale(prior, ctx.current, est, ctx.tuning)
     calibration = Calibration(
-        off=scaled_params(prior, off_scale, decay),
-        on=scaled_params(prior, on_scale, decay),
+        off=scaled_params(prior, off_scale, decay, kv),
+        on=scaled_params(prior, on_scale, decay, kv),
         scale_now=scale_now,
     )
     return calibration, scale_now
@@ -1243,7 +1484,11 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
                     f"{est.draft_tokens:.0f} drafted tokens ({window} window); predicted "
                     f"{_summary(preds, (target, current))}"
                 )
-                return _change(ctx, target, "collapse", reason, preds, flags, est, scale, guard=True)
+                decision = _change(ctx, target, "collapse", reason, preds, flags, est, scale, guard=True)
+                # A collapse the restart price holds back is not the last word: the floor
+                # on the long window (the user's hard rule) still runs.
+                if decision.changes:
+                    return decision
 
     # Fast fallback, or abandoning a re-probe that does not pay.
     if not fast:
@@ -1361,6 +1606,26 @@ def _reprobe(
     conservative = max(0.0, alpha - t.probe_alpha_discount)
     probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
     probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
+    _, high = _window_rates(ctx, est)
+    rollout_capacity = _rollout_capacity(calibration, est, (OFF, probe_k), s, alpha)
+    if rollout_capacity is not None and high >= t.probe_max_rollout_load * rollout_capacity:
+        return _make(
+            ctx, Action.HOLD, None, "hold",
+            f"re-probe due, but at {high:.2f} req/s a probe's restarts (two if it fails) "
+            f"would load the replicas left serving to {high / rollout_capacity:.0%} of the "
+            f"{rollout_capacity:.1f} req/s they carry: waiting for a lower load",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    locked = _locked_in(ctx, calibration, est, preds, probe_k, high, alpha)
+    if locked is not None:
+        return _make(
+            ctx, Action.HOLD, None, "hold",
+            f"re-probe due, but at {high:.2f} req/s {_label(probe_k)} would be locked in (a "
+            f"restart needs the load below {locked.rollout_capacity_rps:.1f} req/s, and at its "
+            f"capacity {_label(locked.target)} would be {_fmt_pct(locked.benefit)} faster): "
+            "staying off",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
     if remembered is not None and remembered >= t.default_probe_alpha:
         source = f"remembered alpha {remembered:.2f}"
     else:
@@ -1370,6 +1635,52 @@ def _reprobe(
         f"predicted {_fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
     )
     return _change(ctx, probe_k, "reprobe", reason, preds, flags, est, scale, guard=False, alpha=alpha)
+
+
+def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
+    """(confident, highest) request rate: the lower of the long window's lower confidence
+    bound and the short window's rate (a hedge needs the load confidently high and not
+    falling), and the higher of both windows' rates (the hedge's release needs both low).
+    The short window counts when it has enough requests."""
+    lower_bound = est.request_rate * max(0.0, 1.0 - ctx.tuning.confidence_z * est.rate_rel_stderr)
+    low, high = lower_bound, est.request_rate
+    guard = ctx.observed.guard
+    if guard is not None and not guard.idle:
+        fraction = ctx.settings.guard_window_s / ctx.settings.window_s
+        if guard.requests >= max(3.0, ctx.settings.min_requests * fraction):
+            low, high = min(low, guard.request_rate), max(high, guard.request_rate)
+    return low, high
+
+
+def _locked_in(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    preds: Mapping[int, ConfigPrediction],
+    k: int,
+    rate: float,
+    alpha: float | None = None,
+) -> HedgeOutlook | None:
+    """The hedge that would send ``k`` back at once, if moving to ``k`` (less capacity than
+    the current config) would walk into the hedge zone (with the release threshold)."""
+    current = ctx.current
+    if k == current or not preds[k].capacity_rps < preds[current].capacity_rps:
+        return None
+    return best_hedge(
+        calibration, est, k, preds, ctx.settings, rate, ctx.tuning.hedge_release, alpha=alpha
+    )
+
+
+def _describe_hedge(h: HedgeOutlook, rate: float) -> str:
+    return (
+        f"{rate:.2f} req/s is near the {h.rollout_capacity_rps:.1f} req/s the replicas left "
+        f"serving during a rollout carry; if the load rises to {h.future_rate:.1f} req/s "
+        f"({_label(h.current)}'s capacity) {_label(h.current)} is locked in, at "
+        f"{_fmt_s(h.stay_future_s)} mean e2e vs {_fmt_s(h.hedge_future_s)} for "
+        f"{_label(h.target)} ({_fmt_pct(h.benefit)} faster); switching now costs "
+        f"{_fmt_pct(h.premium)} of latency ({_fmt_s(h.premium_s)} mean e2e over "
+        f"{_fmt_s(h.horizon_s)}, restart included) if the load stays"
+    )
 
 
 def _tune(
@@ -1382,12 +1693,32 @@ def _tune(
     s, t = ctx.settings, ctx.tuning
     current = ctx.current
     preds = predict(calibration, est, ctx.allowed(), current, s)
-    best = max(preds, key=lambda k: (preds[k].score, -abs(k - current), -k))
     cur = preds[current]
     context = (
         f"at {est.request_rate:.2f} req/s (batch {est.batch_per_replica or 0:.0f}/replica), "
         f"alpha {_fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
     )
+    low, high = _window_rates(ctx, est)
+    hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
+    if hedge is not None:
+        reason = f"capacity hedge: {_describe_hedge(hedge, low)}"
+        return _change(ctx, hedge.target, "hedge", reason, preds, flags, est, scale, guard=False)
+    locked = {k: h for k in preds if (h := _locked_in(ctx, calibration, est, preds, k, high))}
+    best = max(
+        (k for k in preds if k not in locked),
+        key=lambda k: (preds[k].score, -abs(k - current), -k),
+    )
+    wanted = max(preds, key=lambda k: (preds[k].score, -abs(k - current), -k))
+    if wanted != best and preds[wanted].score >= cur.score * (1 + t.min_gain):
+        h = locked[wanted]
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, "hold",
+            f"{_label(wanted)} predicted {_fmt_x(preds[wanted].speedup)}, but at "
+            f"{high:.2f} req/s it would be locked in (a restart needs the load below "
+            f"{h.rollout_capacity_rps:.1f} req/s, and at its capacity {_label(h.target)} "
+            f"would be {_fmt_pct(h.benefit)} faster); keeping {_label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
     if best == current or preds[best].score < cur.score * (1 + t.min_gain):
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = _summary(preds, (current, runner) if runner is not None else (current,))
@@ -1432,9 +1763,16 @@ def _change(
     pred_map = dict(preds) if isinstance(preds, Mapping) else {p.k: p for p in preds}
     keep = ctx.state.k
 
-    # Price: switching now, restart included, must beat staying over the payback horizon
-    # (bounds fixes are exempt: the spec demands them).
-    if rule != "bounds" and est is not None and current in pred_map and target in pred_map:
+    # Price: switching now, restart included, must beat staying over the payback horizon.
+    # Exempt: bounds fixes (the spec demands them), the acceptance floor on either window
+    # (the user's hard rule: rules "floor" and "collapse") and hedges (priced by
+    # hedge_outlook against a rising load).
+    if (
+        rule not in ("bounds", "floor", "collapse", "hedge")
+        and est is not None
+        and current in pred_map
+        and target in pred_map
+    ):
         calibration, _ = _calibrate(ctx, est)
         outlook = switch_outlook(calibration, est, current, target, s, alpha)
         if not outlook.pays(t.min_switch_saving):

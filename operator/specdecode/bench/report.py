@@ -96,7 +96,9 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
         p, o = r.strategies[POLICY], r.strategies[ORACLE]
         collapses = r.events["collapses"]
         fallback = ", ".join(
-            "never" if c["fallback_s"] is None else f"{c['fallback_s'] / 60:.0f}m" for c in collapses
+            "off" if c.get("already_off") else "never" if c["fallback_s"] is None
+            else f"{c['fallback_s'] / 60:.0f}m"
+            for c in collapses
         ) or "-"
         cells += [
             f"{p.changes}/{o.changes}",

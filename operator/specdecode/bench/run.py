@@ -17,9 +17,10 @@ Figures of a strategy (all from `engine.Segment` lists, BENCHMARK.md's definitio
 - changes: config changes (each restarts every replica);
 - fallback: after a collapse (true acceptance falls below the floor) the time until the
   policy's first decision that reduces speculation, also in evaluation intervals after the
-  collapse became visible (one scrape after it);
+  collapse became visible (one scrape after it); a collapse met with speculation already
+  off is reported as such (``already_off``) and needs no fallback;
 - re-enable: after a recovery (acceptance back above the floor) the time until the policy
-  turns speculation on;
+  turns speculation on (``already_on`` when it never turned it off);
 - stationary changes: policy changes later than the settling time after a phase start
   (warm-up + window + rollout of every replica + two evaluations); re-probes and their
   abandonment are counted apart as exploration.
@@ -319,6 +320,16 @@ def _effective_alpha(scenario: Scenario, workload: perfmodel.Workload) -> float:
     return perfmodel.effective_alpha(workload.acceptance, workload.temperature, scenario.params)
 
 
+def _config_at(run: PolicyRun, t: float, initial: int) -> int:
+    """The config the policy has decided on at ``t`` (a rollout in progress counts as done)."""
+    config = initial
+    for change in run.changes:
+        if change.time > t:
+            break
+        config = change.to_config
+    return config
+
+
 def _events(
     scenario: Scenario, settings: pol.PolicySettings, run: PolicyRun
 ) -> dict[str, Any]:
@@ -331,6 +342,13 @@ def _events(
         end = phases[i + 1].at if i + 1 < len(phases) else scenario.duration
         start = phases[i].at
         if before >= floor > after:
+            if _config_at(run, start, settings.configured_k) == OFF:
+                # Speculation is already off when acceptance collapses: nothing to fall back from.
+                collapses.append(
+                    {"at_s": start, "fallback_s": None, "fallback_intervals": None, "held": None,
+                     "already_off": True}
+                )
+                continue
             change = next(
                 (c for c in run.changes if start <= c.time < end and c.to_config < c.from_config), None
             )
@@ -346,13 +364,18 @@ def _events(
             visible += settings.scrape_interval_s
             intervals = None if change is None else (change.time - visible) / settings.evaluation_interval_s
             collapses.append(
-                {"at_s": start, "fallback_s": delay, "fallback_intervals": intervals, "held": held}
+                {"at_s": start, "fallback_s": delay, "fallback_intervals": intervals, "held": held,
+                 "already_off": False}
             )
         elif before < floor <= after:
+            if _config_at(run, start, settings.configured_k) != OFF:
+                recoveries.append({"at_s": start, "reenable_s": None, "already_on": True})
+                continue
             change = next(
                 (c for c in run.changes if start <= c.time < end and c.from_config == OFF), None
             )
-            recoveries.append({"at_s": start, "reenable_s": None if change is None else change.time - start})
+            recoveries.append({"at_s": start, "reenable_s": None if change is None else change.time - start,
+                               "already_on": False})
     settle = (
         settings.warmup_s + settings.window_s + scenario.params.replicas * scenario.params.rollout_s
         + 2 * settings.evaluation_interval_s
