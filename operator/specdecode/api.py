@@ -719,6 +719,12 @@ class Autotune(ApiModel):
     max_changes_per_hour: int = Field(
         4, description="Change budget: most speculation changes in any hour.", ge=0, le=60
     )
+    startup_failure_retry: str = Duration(
+        "6h",
+        "When pods of a speculative config fail to start for a reason the operator cannot classify, "
+        "how long before speculation is tried again. Known causes (vocabulary mismatch, out of "
+        "memory, unsupported method...) wait for a spec change.",
+    )
     reprobe_interval: str = Duration(
         "30m",
         "With speculation off, how long before it is tried again to learn whether it pays now "
@@ -940,7 +946,12 @@ class FailedConfig(StatusModel):
     config_hash: str = Field(description="Hash of the failed engine config.", max_length=64)
     k: Optional[int] = Field(None, description="K of the failed config; absent when speculation was off.")
     spec_generation: int = Field(description="Spec generation it failed under.")
-    cause: str = Field(description="Classified cause.", max_length=64)
+    cause: str = Field(description="Classified cause (VocabMismatch, OutOfMemory, ..., Unknown).", max_length=64)
+    classified: bool = Field(
+        True,
+        description="Whether the cause is known. Known causes are not retried until the spec changes; "
+        "unknown ones again after autotune.startupFailureRetry.",
+    )
     message: str = Field("", description="The log line that shows it.", max_length=2048)
     at: str = Field(description="When (RFC 3339).", max_length=64)
 

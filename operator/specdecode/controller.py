@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import instrumentation, render
+from . import fallback, failures, instrumentation, render
 from . import status as st
 from .kube import Kube, foreign_drift
 
@@ -73,7 +73,10 @@ class Controller:
 
         try:
             service = api.parse_service({k: v for k, v in body.items() if k != "status"})
-            choice, reason = st.current_choice(service.spec, current)
+            # A start-up failure is remembered until the spec changes (or, unclassified, until
+            # its retry back-off passes); then the declared speculation is tried again.
+            remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
+            choice, reason = st.current_choice(service.spec, remembered)
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
         except (api.SpecError, render.RenderError) as err:
@@ -97,8 +100,21 @@ class Controller:
             method=spec.speculation.method.value,
             selector=render.selector_string(service.name),
         )
-        new = st.next_status(current, outcome, spec, generation, now)
+        new = st.next_status(remembered, outcome, spec, generation, now)
+        events: list[tuple[str, str, str]] = []
+        rerender = False
+        if not outcome.rollout.live:
+            found = self._startup_failure(service, choice, config, now)
+            if found is not None:
+                result = fallback.apply_startup_failure(new, spec, choice, config, *found, generation, now)
+                new, events, rerender = result.status, list(result.events), result.rerender
         self._write_status(body, current, new)
+        for type_, reason_, message in events:
+            self.kube.post_event(body, type_, reason_, message, now)
+        if rerender:
+            # The fallback is in status now: render the service without speculation.
+            self.log.warning("%s/%s: %s", service.namespace, service.name, events[0][2] if events else "fallback")
+            return self._reconcile(self.kube.get(C.API_VERSION, C.KIND, service.name, service.namespace))
         if applied:
             described = choice.describe(spec.speculation.method.value)
             self.kube.post_event(
@@ -108,6 +124,23 @@ class Controller:
             self.kube.post_event(body, "Warning", C.REASON_APPLY_FAILED, apply_error, now)
         instrumentation.record_speculation(service.namespace, service.name, choice.k)
         return "error" if apply_error else "ok"
+
+    def _startup_failure(
+        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime
+    ) -> Optional[tuple[failures.PodFailure, failures.Diagnosis]]:
+        """The first pod of the current config that cannot start, and why (its termination
+        message and log tail, read as `kubectl logs [--previous]` would)."""
+        spec = service.spec
+        selector = f"{render.selector_string(service.name)},{C.LABEL_CONFIG_HASH}={config}"
+        pods = self.kube.list("v1", "Pod", service.namespace, label_selector=selector)
+        deadline_s = api.parse_duration(spec.rollout.startup_timeout)
+        failing = failures.pods_failing(pods, config, now, deadline_s)
+        if not failing:
+            return None
+        first = failing[0]
+        log_text = self.kube.pod_log(service.namespace, first.pod, first.container, previous=first.previous_log)
+        speculation = failures.PodSpeculation.of(spec, enabled=choice.enabled)
+        return first, failures.diagnose_pod_failure(first, log_text, speculation)
 
     def _apply_children(
         self, objects: list[dict[str, Any]], service: api.SpecDecodeService

@@ -14,7 +14,7 @@ from typing import Optional
 
 from . import api
 from . import constants as C
-from . import metrics, policy
+from . import fallback, metrics, policy
 from . import status as st
 
 DEFAULT_RESTART_S = 180.0
@@ -34,11 +34,15 @@ def _epoch(text: Optional[str]) -> Optional[float]:
     return st.parse_rfc3339(text).timestamp() if text else None
 
 
-def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, now: datetime) -> policy.PolicyState:
+def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, now: datetime,
+                 generation: Optional[int] = None) -> policy.PolicyState:
     """The policy's view of what runs, from status alone."""
     effective = status.speculation
-    # Configs whose pods could not start are never chosen again (until the spec changes).
-    excluded = frozenset(f.k for f in status.failed_configs if f.k is not None)
+    # While a speculative config that could not start is remembered, no K is tried: the
+    # known causes (vocabulary, memory, method) fail for every K alike.
+    remembered = fallback.active_failures(status, spec, generation, now)
+    s = spec.speculation
+    excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
     if effective is None:
         k = spec.speculation.num_speculative_tokens
         return policy.PolicyState(enabled=True, k=k, since=now.timestamp(), live_since=None,

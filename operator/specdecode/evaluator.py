@@ -98,7 +98,7 @@ class Evaluator:
         observed, window = evaluation.observations_for(
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
         )
-        state = evaluation.policy_state(status, spec, now)
+        state = evaluation.policy_state(status, spec, now, meta.get("generation"))
         history = policy.history_from_status([r.to_wire() for r in status.history])
         decision = policy.decide(settings, state, observed, history, now.timestamp())
         result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)

@@ -72,6 +72,17 @@ class Kube:
         result = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
         return [item.to_dict() for item in result.items]
 
+    def pod_log(self, namespace: str, pod: str, container: Optional[str], previous: bool, tail_lines: int = 200) -> str:
+        """The tail of a container's log; empty when the node cannot serve logs (the
+        termination message still says why a vLLM container stopped)."""
+        try:
+            return self.core.read_namespaced_pod_log(
+                pod, namespace, container=container, previous=previous, tail_lines=tail_lines
+            )
+        except ApiException as err:
+            logging.getLogger("specdecode.kube").info("log of %s/%s unavailable: %s %s", namespace, pod, err.status, err.reason)
+            return ""
+
     def is_served(self, api_version: str, kind: str, now: Optional[float] = None) -> bool:
         """Whether the apiserver serves a kind (the PodMonitor CRD may be missing); cached."""
         now = time.monotonic() if now is None else now

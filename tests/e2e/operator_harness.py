@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,15 @@ def kubectl(cluster: ClusterInfo, *args: str, input: str | None = None, check: b
 class RunningOperator:
     stack: Stack
     process: OperatorProcess
+    cluster: ClusterInfo
+    workdir: Path
+
+    def restart(self) -> None:
+        """A new operator process with the same settings (the old one stopped if still alive):
+        everything it knows must come from the cluster."""
+        self.stack.close()
+        fresh = start_operator(self.cluster, self.workdir)
+        self.stack, self.process = fresh.stack, fresh.process
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """Every sample of the operator's /metrics, keyed by (name, sorted labels)."""
@@ -73,7 +83,7 @@ def start_operator(cluster: ClusterInfo, workdir: Path) -> RunningOperator:
     stack.use_existing_cluster(cluster.kubeconfig, kubectl=str(cluster.kubectl))
     process = stack.start_operator(prometheus_url=NO_PROMETHEUS, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                    evaluation_tick_s=EVALUATION_TICK_S)
-    return RunningOperator(stack, process)
+    return RunningOperator(stack, process, cluster, workdir)
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +95,15 @@ def operator(cluster: ClusterInfo, tmp_path_factory) -> Iterator[RunningOperator
         running.stack.close()
         if os.environ.get("CI"):
             sys.stderr.write(f"\n--- operator log (tail) ---\n{running.log_tail(200)}\n")
+
+
+def holds_for(check, seconds: float, what: str) -> None:
+    """Assert that `check` stays true, polled all along, for `seconds` (the way to show
+    that something does NOT happen: no change, no flap)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert check(), what
+        time.sleep(0.5)
 
 
 def audit_writes(cluster: ClusterInfo, user: str, namespace: str, since_line: int = 0) -> tuple[list[dict], int]:

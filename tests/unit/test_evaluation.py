@@ -87,8 +87,9 @@ def test_policy_state_comes_from_status():
         "failed_configs": [api.FailedConfig(config_hash="x", spec_generation=1, cause="OutOfMemory", k=5, at=st.rfc3339(T0))],
         "observations": api.Observations(config_hash="abc", alpha=0.71),
     })
-    state = evaluation.policy_state(status, spec, T0)
-    assert (state.enabled, state.k, state.excluded_ks, state.last_alpha) == (True, 3, frozenset({5}), 0.71)
+    state = evaluation.policy_state(status, spec, T0, generation=1)
+    assert (state.enabled, state.k, state.excluded_ks, state.last_alpha) == (True, 3, frozenset(range(1, 9)), 0.71)
+    assert evaluation.policy_state(status, spec, T0, generation=2).excluded_ks == frozenset()  # spec changed
     assert state.live_since == (T0 - timedelta(minutes=59)).timestamp()
 
 
