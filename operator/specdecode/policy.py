@@ -120,8 +120,12 @@ class PolicyTuning:
     """Width of the confidence box, in standard errors."""
     overdispersion: float = 4.0
     """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
-    payback_horizon_s: float = 1800.0
-    """A change must repay its restart price within this time."""
+    payback_horizon_s: float = 3600.0
+    """A change decided on the long window must repay its restart price within this time
+    (the conditions of a full window are assumed to last about an hour)."""
+    guard_payback_horizon_s: float = 1800.0
+    """The same for a change decided on the short window (SLO guard, fast fallback, probe
+    abandonment): 75 seconds of evidence are trusted for a shorter future."""
     min_switch_saving: float = 0.01
     """Switching (restart included) must save at least 1% of latency over the horizon."""
     prediction_horizon_s: float = perfmodel.DEFAULT_HORIZON_S
@@ -808,13 +812,14 @@ def switch_outlook(
     target: int,
     settings: PolicySettings,
     alpha: float | None = None,
+    horizon_s: float | None = None,
 ) -> SwitchOutlook:
-    """Compare staying with switching now over ``payback_horizon_s`` (the same phases the
-    benchmark scores): with maxSurge 0 each round of the rollout takes maxUnavailable
-    replicas away for ``restart_s`` while the others serve (the majority's config), the
-    queue carries from round to round and into the new config; with maxSurge >= 1 capacity
-    is kept and the old config serves half of the rollout."""
-    horizon = settings.tuning.payback_horizon_s
+    """Compare staying with switching now over ``horizon_s`` (default ``payback_horizon_s``;
+    the same phases the benchmark scores): with maxSurge 0 each round of the rollout takes
+    maxUnavailable replicas away for ``restart_s`` while the others serve (the majority's
+    config), the queue carries from round to round and into the new config; with
+    maxSurge >= 1 capacity is kept and the old config serves half of the rollout."""
+    horizon = settings.tuning.payback_horizon_s if horizon_s is None else horizon_s
     workload = _workload(est, est.alpha if alpha is None else alpha)
     replicas = max(1, calibration.on.replicas)
     slo = (settings.slo_e2e_s, settings.slo_tpot_s)
@@ -1774,18 +1779,19 @@ def _change(
         and target in pred_map
     ):
         calibration, _ = _calibrate(ctx, est)
-        outlook = switch_outlook(calibration, est, current, target, s, alpha)
+        horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
+        outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
         if not outlook.pays(t.min_switch_saving):
             return _make(
                 ctx, Action.HOLD, keep, rule,
                 f"would move to {_label(target)} ({reason}), but over "
-                f"{_fmt_s(t.payback_horizon_s)} the restart ({_fmt_s(outlook.rollout_s)}) makes "
+                f"{_fmt_s(horizon)} the restart ({_fmt_s(outlook.rollout_s)}) makes "
                 f"it {_fmt_pct(-outlook.saving)} slower than staying",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
         reason = (
             f"{reason}; switching saves {_fmt_pct(outlook.saving)} of latency over "
-            f"{_fmt_s(t.payback_horizon_s)}, restart included"
+            f"{_fmt_s(horizon)}, restart included"
         )
 
     if ctx.acting and rule != "bounds":

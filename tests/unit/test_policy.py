@@ -279,8 +279,13 @@ def test_hysteresis_keeps_a_near_best_config():
 
 def test_restart_price_blocks_a_small_gain_with_one_spare_less_replica():
     load = Workload(12, 1000, 300, 0, 0.5)
-    decision = P.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
+    # Over a 30-minute payback horizon the rollout with one replica less costs more than a
+    # 26% faster K=1 saves; over the default hour it repays.
+    tuning = P.PolicyTuning(payback_horizon_s=1800.0)
+    decision = P.decide(auto(max_surge=0, tuning=tuning), on(3), both(load, 3), (), NOW)
     assert decision.action is Action.HOLD and "slower than staying" in decision.reason
+    longer = P.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
+    assert longer.action is Action.SET_K and longer.k == 1 and "restart included" in longer.reason
 
 
 def test_cooldown_blocks_tuning():
