@@ -26,19 +26,37 @@ Order of the rules (the first that applies decides):
      restart.
    - Acceptance collapse: alpha confidently below the floor on the guard window and the model
      agrees that less speculation is better -> off (minK when disabling is not allowed).
+     The floor is the user's hard rule: no restart price applies.
    - Fast fallback / probe abandonment: a smaller K or off predicted better by
      ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
+   A guard that wants a change but is held (budget) does not end the evaluation: the floor
+   below still runs.
 5. Enough data: the long window must lie entirely after the current config's warm-up, with
    ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
 6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
-   off (or minK).
+   off (or minK), whatever the restart costs; unless the short window, newer, shows alpha
+   confidently back above the floor (the long window's acceptance is then the past).
 7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every further probe
    that failed in a row, and once more for a draft never seen above the floor, up to
    ``reprobe_backoff_max`` times), when the model predicts that the remembered acceptance
    (the best of history's entries and status.observations.alpha before the switch-off, at
    least ``default_probe_alpha``) would pay at the current load, restart included; at the
-   best K for a slightly lower acceptance (conservative).
-8. Tuning: the best config by predicted score; act only when it beats the current one by the
+   best K for a slightly lower acceptance (conservative). With maxSurge 0 a probe also waits
+   while the load is above ``probe_max_rollout_load`` of what the replicas left serving
+   during a rollout carry (a failed probe costs two restarts), and while the probed K would
+   be locked in (the hedge's release, below).
+8. Capacity hedge (maxSurge 0, two replicas or more): a rollout serves on the replicas left;
+   once the load passes what they carry, every restart is an overload and the running config
+   is locked in. When the load (the long window at its lower confidence bound, and the short
+   window) reaches ``hedge_zone`` of that rollout capacity (but not the capacity itself), the
+   policy insures against the load rising on to the current config's capacity
+   (x ``hedge_overload``): it moves to a config with ``hedge_min_capacity_gain`` more
+   capacity that would be ``hedge_min_benefit`` faster there, when the mean e2e saved in that
+   future outweighs the mean e2e it costs at today's load over the payback horizon, restart
+   included (`hedge_outlook`, weights ``hedge_rise_prior``). Release: no tuning move or
+   re-probe goes to a config with less capacity while the load on either window is above
+   ``hedge_release`` of the rollout capacity and the hedge would send it back at once.
+9. Tuning: the best config by predicted score; act only when it beats the current one by the
    hysteresis margin at the point estimate, is no worse at every corner of the confidence box
    (alpha +- z*sigma, request rate +- z*sigma), repays the restart within
    ``payback_horizon_s``, and the cooldown and change budget allow it.
@@ -54,14 +72,19 @@ Prediction (the performance model calibrated to the observations):
   prefill)`` at the observed batch; every time cost of the prior is multiplied by it. The
   other side (off when on, on when off) uses the scale remembered from the last window it was
   measured in (history), else the current one;
+* KV memory: the KV-usage gauge over the running batch gives the tokens a replica holds; the
+  prior's KV capacity is scaled to it (both sides alike: a smaller GPU), so capacities and
+  the rollout's capacity follow the real cache;
 * each config's phase over ``prediction_horizon_s`` (queueing included) gives mean/P95 e2e,
   TPOT and goodput; ``score(k) = min(goodput_k / best goodput, best latency / latency_k)``
   (the benchmark's headline score); ``speedup(k) = latency(current) / latency(k)``;
 * restart price: a change restarts every replica; with ``maxSurge`` 0 each round takes
   ``maxUnavailable`` replicas away for ``restart_s`` while the others carry the load and the
   queue builds. `switch_outlook` compares staying with switching now over
-  ``payback_horizon_s`` (the rollout's rounds with the queue carried, then the new config):
-  a change must save latency (or win good tokens) over that horizon, restart included.
+  ``payback_horizon_s`` (one hour for tuning moves and re-probes, decided on the long window;
+  ``guard_payback_horizon_s``, 30 minutes, for short-window guards): the rollout's rounds
+  with the queue carried, then the new config. A change must save latency (or win good
+  tokens) over that horizon, restart included.
 
 Confidence: alpha's standard error is binomial over the trials times an overdispersion factor
 (tokens of one request are correlated); the request rate's relative error is
@@ -921,12 +944,13 @@ def _rollout_capacity(
     if settings.max_surge >= 1 or serving < 1:
         return None
     workload = _workload(est, est.alpha if alpha is None else alpha)
-    horizon = settings.tuning.payback_horizon_s
-    slo = (settings.slo_e2e_s, settings.slo_tpot_s)
-    return min(
-        _phase(calibration.params_for(k), workload, k, horizon, 0.0, serving, *slo).steady.capacity_rps
-        for k in configs
-    )
+    return min(_capacity(calibration.params_for(k), workload, k, serving) for k in configs)
+
+
+@functools.lru_cache(maxsize=8192)
+def _capacity(params: EngineParams, workload: Workload, k: int, replicas: int) -> float:
+    """Capacity (requests/s) of ``replicas`` replicas at config k, memoized."""
+    return perfmodel.steady_state(params, workload, k, replicas).capacity_rps
 
 
 def hedge_outlook(
@@ -956,14 +980,13 @@ def hedge_outlook(
     def phase(k: int, load: Workload, n: int) -> perfmodel.PhaseResult:
         return _phase(calibration.params_for(k), load, k, horizon, 0.0, n, *slo)
 
-    cap_current = phase(current, workload, replicas).steady.capacity_rps
-    cap_target = phase(target, workload, replicas).steady.capacity_rps
-    if not cap_target >= cap_current * (1.0 + t.hedge_min_capacity_gain):
+    def capacity(k: int, n: int) -> float:
+        return _capacity(calibration.params_for(k), workload, k, n)
+
+    cap_current = capacity(current, replicas)
+    if not capacity(target, replicas) >= cap_current * (1.0 + t.hedge_min_capacity_gain):
         return None
-    rollout_capacity = min(
-        phase(current, workload, serving).steady.capacity_rps,
-        phase(target, workload, serving).steady.capacity_rps,
-    )
+    rollout_capacity = min(capacity(current, serving), capacity(target, serving))
     rate = est.request_rate if rate is None else rate
     if rate < zone * rollout_capacity:
         return None
@@ -1708,14 +1731,20 @@ def _tune(
     if hedge is not None:
         reason = f"capacity hedge: {_describe_hedge(hedge, low)}"
         return _change(ctx, hedge.target, "hedge", reason, preds, flags, est, scale, guard=False)
-    locked = {k: h for k in preds if (h := _locked_in(ctx, calibration, est, preds, k, high))}
-    best = max(
-        (k for k in preds if k not in locked),
-        key=lambda k: (preds[k].score, -abs(k - current), -k),
-    )
-    wanted = max(preds, key=lambda k: (preds[k].score, -abs(k - current), -k))
-    if wanted != best and preds[wanted].score >= cur.score * (1 + t.min_gain):
-        h = locked[wanted]
+    # The best config that does not walk into the hedge zone (checked lazily, best first).
+    ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
+    wanted, locked = ranked[0], None
+    best = wanted
+    for k in ranked:
+        hedge_back = _locked_in(ctx, calibration, est, preds, k, high)
+        if hedge_back is None:
+            best = k
+            break
+        if locked is None:
+            locked = hedge_back
+    best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
+    if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
+        h = locked
         return _make(
             ctx, Action.HOLD, ctx.state.k, "hold",
             f"{_label(wanted)} predicted {_fmt_x(preds[wanted].speedup)}, but at "

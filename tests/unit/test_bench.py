@@ -135,3 +135,22 @@ def test_bench_policy_refuses_a_bad_scenario(tmp_path, capsys):
     path.write_text("name: x\nduration: 1h\n")
     assert cli.main(["bench", "policy", "--scenario", str(path)]) == 2
     assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_a_collapse_met_with_speculation_already_off_needs_no_fallback(tmp_path):
+    data = {**SHORT, "name": "twice", "phases": [
+        {"at": 0, "request_rate": 6, "acceptance": 0.8},
+        {"at": "10m", "acceptance": 0.2},
+        {"at": "20m", "acceptance": 0.8},  # recovered, but the re-probe is 30 minutes away
+        {"at": "30m", "acceptance": 0.2},  # collapses again while speculation is still off
+    ]}
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = run.run_scenario(path)
+    first, second = result.events["collapses"]
+    assert not first["already_off"] and first["fallback_intervals"] <= 3
+    assert second["already_off"] and second["fallback_s"] is None
+    (recovery,) = result.events["recoveries"]
+    assert recovery["already_on"] is False and recovery["reenable_s"] is None
+    target = next(t for t in suite.summarize([result])["targets"] if t["name"].startswith("fallback"))
+    assert target["met"] and "already off" in target["detail"]

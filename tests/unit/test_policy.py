@@ -520,3 +520,101 @@ def test_a_draft_never_seen_paying_is_probed_less_often():
     assert "acceptance never seen above the floor" in decision.reason
     later = P.decide(auto(), off(since=NOW - 3700), both(LOW, OFF), history, NOW)
     assert later.action is Action.ENABLE
+
+
+# --- the acceptance floor is the user's hard rule ---------------------------------------------
+
+NGRAM = EngineParams.for_method("ngram")
+
+
+def test_floor_turns_speculation_off_even_when_the_restart_does_not_pay():
+    """n-gram at 16 req/s: a restart loads the one replica left near its capacity, so the
+    price check alone would keep K=3; alpha confidently below the floor turns it off anyway."""
+    low = Workload(16, 1500, 250, 0, 0.12)
+    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
+    observed = PolicyObservations.of(observe(low, 3, 300, params=NGRAM), observe(low, 3, 75, params=NGRAM))
+    est = P.estimate(observed.window, settings.tuning)
+    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
+    calibration, _ = P._calibrate(ctx, est)
+    assert not P.switch_outlook(calibration, est, 3, OFF, settings).pays(settings.tuning.min_switch_saving)
+    decision = P.decide(settings, on(3), observed, (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule in ("collapse", "floor")
+    assert "slower than staying" not in decision.reason
+    # The long window alone (no short window) reaches the same verdict through the floor.
+    long_only = PolicyObservations.of(observed.window, None)
+    assert P.decide(settings, on(3), long_only, (), NOW).rule == "floor"
+
+
+def test_a_short_window_back_above_the_floor_suppresses_the_long_window_floor():
+    long = observe(Workload(16, 1000, 300, 0, 0.25), 3, 300)  # the dip, still in the long window
+    short = observe(Workload(16, 1000, 300, 0, 0.7), 3, 75)  # over: acceptance is back
+    decision = P.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, short), (), NOW)
+    assert decision.rule != "floor"
+    assert P.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, None), (), NOW).rule == "floor"
+
+
+# --- capacity hedge (maxSurge 0) ---------------------------------------------------------------
+
+
+def test_hedge_moves_to_capacity_while_a_restart_is_still_affordable():
+    """Two replicas of K=3 at alpha 0.8 carry ~37 req/s; a rollout leaves one (~18 req/s). At
+    16.6 req/s the last affordable restart is near: if the load rises on, K=3 is locked in
+    and off would be far faster at its capacity."""
+    rising = Workload(16.6, 1000, 300, 0, 0.8)
+    decision = P.decide(auto(max_surge=0), on(3), both(rising, 3), (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "hedge" and decision.applied
+    assert "capacity hedge" in decision.reason and "if the load stays" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "rate, max_surge",
+    [
+        (10.0, 0),  # far below the zone
+        (14.0, 0),  # below the zone at the long window's lower confidence bound
+        (20.0, 0),  # too late: the rollout itself would overload the replica left
+        (16.6, 1),  # maxSurge 1 keeps capacity during a rollout: nothing to insure against
+    ],
+)
+def test_no_hedge_outside_the_zone_or_with_surge(rate, max_surge):
+    decision = P.decide(auto(max_surge=max_surge), on(3), both(Workload(rate, 1000, 300, 0, 0.8), 3), (), NOW)
+    assert decision.rule != "hedge" and decision.action is Action.HOLD
+
+
+def test_hedge_outlook_prices_the_premium_and_the_future():
+    settings = auto(max_surge=0)
+    observed = both(Workload(16.6, 1000, 300, 0, 0.8), 3)
+    est = P.estimate(observed.window, settings.tuning)
+    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
+    calibration, _ = P._calibrate(ctx, est)
+    outlook = P.hedge_outlook(calibration, est, 3, OFF, settings)
+    assert outlook is not None and 17 < outlook.rollout_capacity_rps < 20
+    assert outlook.future_rate > 35 and outlook.benefit > 0.5
+    assert 0 < outlook.premium < 1 and outlook.value(0.5) > 0
+    assert P.hedge_outlook(calibration, est, 3, 2, settings) is None  # K=2: no more capacity
+    assert P.hedge_outlook(calibration, est, 3, OFF, auto(max_surge=1)) is None
+
+
+def test_a_hedge_is_not_undone_while_the_load_is_near_the_zone():
+    """Off after a hedge at 14 req/s: K=2 pays at this load, but it would be locked in."""
+    near = P.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(14, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
+    assert near.action is Action.HOLD and "would be locked in" in near.reason
+    lower = P.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(8, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
+    assert lower.action is Action.ENABLE and lower.rule == "reprobe"
+
+
+def test_reprobe_waits_while_a_failed_probe_would_overload_the_rollout():
+    high = both(Workload(17, 1000, 300, 0, 0.8), OFF)
+    decision = P.decide(auto(max_surge=0), off(since=NOW - 4000), high, DISABLED, NOW)
+    assert decision.action is Action.HOLD and "waiting for a lower load" in decision.reason
+
+
+# --- calibration of the KV cache ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [OFF, 3])
+def test_kv_memory_is_calibrated_from_the_usage_gauge(k):
+    small = replace(TRUTH, kv_capacity_tokens=200_000)  # a GPU with half the KV memory
+    est = P.estimate(observe(Workload(8, 1000, 300, 0, 0.8), k, 300, params=small), P.PolicyTuning())
+    prior = P.PolicySettings(replicas=2).prior_params()
+    assert P.kv_scale(prior, k, est, P.PolicyTuning()) == pytest.approx(0.5, rel=0.02)
+    assert P.kv_scale(prior, k, replace(est, kv_usage=0.001), P.PolicyTuning()) is None
