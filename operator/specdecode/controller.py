@@ -112,7 +112,8 @@ class Controller:
         for type_, reason_, message in events:
             self.kube.post_event(body, type_, reason_, message, now)
         if rerender:
-            # The fallback is in status now: render the service without speculation.
+            # The fallback is in status now: count it, then render the service without speculation.
+            instrumentation.record_decision(service.namespace, service.name, "fallback", spec.autotune.mode.value)
             self.log.warning("%s/%s: %s", service.namespace, service.name, events[0][2] if events else "fallback")
             return self._reconcile(self.kube.get(C.API_VERSION, C.KIND, service.name, service.namespace))
         if applied:

@@ -75,6 +75,7 @@ class Evaluator:
                 return None  # the reconcile reports InvalidSpec; nothing to evaluate
             status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
             if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
+                instrumentation.forget_evaluation(namespace, name)
                 return None
             if not self._due(namespace, name, spec, status, now):
                 return None
@@ -117,11 +118,16 @@ class Evaluator:
     def _record(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
                 decision: policy.Decision, window: Optional[metrics.Observation]) -> None:
         if decision.changes:
-            instrumentation.DECISIONS.labels(decision.action.value, spec.autotune.mode.value).inc()
+            instrumentation.record_decision(namespace, name, decision.action.value, spec.autotune.mode.value)
         instrumentation.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_available else 0)
-        rate = window.speculation.acceptance_rate if window is not None and window.speculation else None
+        speculation = window.speculation if window is not None else None
+        rate = speculation.acceptance_rate if speculation else None
         if rate is not None:
             instrumentation.ACCEPTANCE_RATE.labels(namespace, name).set(rate)
+        # alpha is what the floor is defined on: the acceptance-floor alert compares the two.
+        instrumentation.record_acceptance(
+            namespace, name, speculation.alpha if speculation else None, spec.autotune.acceptance_floor
+        )
 
     # ------------------------------------------------------------------------------ reading
 

@@ -331,7 +331,8 @@ def test_metrics_service_and_monitor_find_the_operator():
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    # The per-service gauges carry `namespace` and `service`; only honorLabels keeps them.
+    # The per-service series carry the service's `namespace`; only honorLabels keeps it over
+    # the target's (specdecode-system) instead of renaming it exported_namespace.
     assert endpoint["honorLabels"] is True
 
 
@@ -373,11 +374,17 @@ def test_rules_and_dashboard_name_only_existing_metrics_with_their_labels():
     assert used, "no metric names found"
     unknown = {m for m in used if m not in operator_metrics and m not in VLLM_METRICS}
     assert not unknown, f"metrics that neither the operator nor vLLM exposes: {unknown}"
-    # The rules and panels select the operator's gauges by `namespace` and `service`.
-    for gauge in ("specdecode_speculation_enabled", "specdecode_metrics_available",
-                  "specdecode_speculative_tokens", "specdecode_acceptance_rate"):
-        assert operator_metrics[gauge] == ("namespace", "service"), gauge
-    assert "action" in operator_metrics["specdecode_decisions_total"]
+    # The operator's per-service series carry the labels vLLM's get from the PodMonitor
+    # (DESIGN: all PromQL groups by namespace, specdecode_service).
+    per_service = ("namespace", C.PROM_LABEL_SERVICE)
+    for gauge in ("specdecode_speculation_enabled", "specdecode_metrics_available", "specdecode_speculative_tokens",
+                  "specdecode_acceptance_rate", "specdecode_acceptance_alpha", "specdecode_acceptance_floor"):
+        assert operator_metrics[gauge] == per_service, gauge
+    assert operator_metrics["specdecode_decisions_total"] == (*per_service, "action", "mode")
+    # ... and nothing selects or reports a `service` label any more (`$service` is Grafana's variable).
+    rules = [r for g in prometheus_rule_groups() for r in g["rules"]]
+    for text in exprs + [a for r in rules for a in r.get("annotations", {}).values()]:
+        assert not re.search(r"(?<![\w$])service\s*(=|!=|=~|!~)|[(,]\s*service\s*[),]|\$labels\.service\b", text), text
 
 
 def _promtool() -> str:
@@ -403,10 +410,26 @@ def _series(name: str, labels: dict, values: str) -> dict:
     return {"series": f"{name}{{{inner}}}", "values": values}
 
 
-SERVICE = {"namespace": "team-a", "service": "llama"}
-VLLM = {"namespace": "team-a", "specdecode_service": "llama"}
-QUIET = {"namespace": "team-b", "specdecode_service": "qwen"}
 OPERATOR_TARGET = {"job": METRICS_JOB, "namespace": OPERATOR_NAMESPACE}
+# What the ServiceMonitor's target adds to every series of the operator (the per-service
+# series keep their own `namespace` through honorLabels), for the pod before and after a restart.
+OPERATOR_POD = {"job": METRICS_JOB, "service": METRICS_JOB, "endpoint": "metrics", "container": "operator",
+                "pod": "specdecode-operator-5d8c7-x2x4q", "instance": "10.1.2.3:8081"}
+RESTARTED_POD = {**OPERATOR_POD, "pod": "specdecode-operator-5d8c7-k9w7z", "instance": "10.1.2.9:8081"}
+SERVICE = {"namespace": "team-a", "specdecode_service": "llama"}
+QUIET = {"namespace": "team-b", "specdecode_service": "qwen"}
+THIRD = {"namespace": "team-b", "specdecode_service": "mistral"}
+
+
+def _operator(name: str, service: dict, values: str, pod: dict = OPERATOR_POD, **labels: str) -> dict:
+    """A per-service series of the operator as Prometheus stores it."""
+    return _series(name, {**pod, **service, **labels}, values)
+
+
+def _fired(service: dict) -> list[dict]:
+    """A per-service alert's labels: the service's and the severity, none of the operator pod's."""
+    return [{"exp_labels": {"severity": "warning", **service}}]
+
 
 # promtool unit tests: each alert fires on the series that should fire it, and only on those.
 ALERT_TESTS = [
@@ -436,48 +459,90 @@ ALERT_TESTS = [
     ]},
     {"interval": "1m", "input_series": [
         # llama: on, then turned off by a disable decision at minute 10.
-        _series("specdecode_speculation_enabled", SERVICE, "1x10 0x40"),
+        _operator("specdecode_speculation_enabled", SERVICE, "1x10 0x40"),
+        _operator("specdecode_decisions_total", SERVICE, "0x10 1x40", action="disable", mode="Auto"),
         # qwen: off all along (declared off by its user), no decision of the operator.
-        _series("specdecode_speculation_enabled", {"namespace": "team-b", "service": "qwen"}, "0x50"),
-        _series("specdecode_decisions_total", {"action": "disable", "mode": "Auto"}, "0x10 1x40"),
+        _operator("specdecode_speculation_enabled", QUIET, "0x50"),
+        # mistral: its pods could not start at minute 12; the controller fell back.
+        _operator("specdecode_speculation_enabled", THIRD, "1x12 0x38"),
+        _operator("specdecode_decisions_total", THIRD, "0x12 1x38", action="fallback", mode="Auto"),
     ], "alert_rule_test": [
         {"eval_time": "5m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
+        {"eval_time": "11m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": _fired(SERVICE)},
         {"eval_time": "20m", "alertname": "SpecDecodeSpeculationDisabledByFallback",
-         "exp_alerts": [{"exp_labels": {"severity": "warning", **SERVICE}}]},
+         "exp_alerts": _fired(SERVICE) + _fired(THIRD)},
+        # An hour after the decisions the alerts resolve.
+        {"eval_time": "72m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
     ]},
     {"interval": "1m", "input_series": [
-        _series("specdecode_speculation_enabled", SERVICE, "1x10 0x80"),
-        _series("specdecode_decisions_total", {"action": "set_k", "mode": "Auto"}, "0x10 1x80"),
+        # llama: turned off by its user's edit at minute 10, no decision of the operator about
+        # it; in the same hour the operator recommends disabling qwen (Recommend mode: it stays on).
+        _operator("specdecode_speculation_enabled", SERVICE, "1x10 0x40"),
+        _operator("specdecode_speculation_enabled", QUIET, "1x50"),
+        _operator("specdecode_decisions_total", QUIET, "0x10 1x40", action="disable", mode="Recommend"),
+        # mistral: the operator lowered K, then its user turned speculation off.
+        _operator("specdecode_speculation_enabled", THIRD, "1x15 0x35"),
+        _operator("specdecode_decisions_total", THIRD, "0x10 1x40", action="set_k", mode="Auto"),
+        # gemma: off all along, though a disable was counted for it (a recommendation): nothing
+        # was turned off this hour.
+        _operator("specdecode_speculation_enabled", {"namespace": "team-c", "specdecode_service": "gemma"}, "0x50"),
+        _operator("specdecode_decisions_total", {"namespace": "team-c", "specdecode_service": "gemma"}, "0x10 1x40",
+                  action="disable", mode="Recommend"),
     ], "alert_rule_test": [
-        # Off without a disable or fallback decision (the user edited the spec): no alert.
+        # Another service's decision, or a decision that did not turn speculation off: no alert.
         {"eval_time": "20m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
+        {"eval_time": "45m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": []},
     ]},
     {"interval": "1m", "input_series": [
-        # llama: alpha 0.3 with 100 drafts a minute; qwen: alpha 0.7.
-        _series("vllm:spec_decode_num_drafts_total", VLLM, "0+100x100"),
-        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "0"}, "0+30x100"),
-        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "1"}, "0+9x100"),
-        _series("vllm:spec_decode_num_drafts_total", QUIET, "0+100x100"),
-        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**QUIET, "position": "0"}, "0+70x100"),
+        # The operator pod restarts at minute 20 (new pod and instance labels), ten minutes
+        # after it disabled llama: its counters start again from zero.
+        _operator("specdecode_speculation_enabled", SERVICE, "1x10 0x10"),
+        _operator("specdecode_decisions_total", SERVICE, "0x10 1x10", action="disable", mode="Auto"),
+        _operator("specdecode_speculation_enabled", SERVICE, "_x21 0x40", pod=RESTARTED_POD),
+    ], "alert_rule_test": [
+        {"eval_time": "30m", "alertname": "SpecDecodeSpeculationDisabledByFallback", "exp_alerts": _fired(SERVICE)},
+    ]},
+    {"interval": "1m", "input_series": [
+        # llama: alpha 0.3 under its floor 0.35; qwen: alpha 0.5 over its floor 0.45;
+        # mistral: alpha 0.5 under its own floor 0.6 (the floor is per service).
+        _operator("specdecode_acceptance_alpha", SERVICE, "0.3x100"),
+        _operator("specdecode_acceptance_floor", SERVICE, "0.35x100"),
+        _operator("specdecode_acceptance_alpha", QUIET, "0.5x100"),
+        _operator("specdecode_acceptance_floor", QUIET, "0.45x100"),
+        _operator("specdecode_acceptance_alpha", THIRD, "0.5x100"),
+        _operator("specdecode_acceptance_floor", THIRD, "0.6x100"),
     ], "alert_rule_test": [
         {"eval_time": "20m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
         {"eval_time": "60m", "alertname": "SpecDecodeAcceptanceBelowFloor",
-         "exp_alerts": [{"exp_labels": {"severity": "warning", **VLLM}}]},
+         "exp_alerts": _fired(SERVICE) + _fired(THIRD)},
     ]},
     {"interval": "1m", "input_series": [
-        # A trickle of drafts (one every 20 minutes) is not enough to judge.
-        _series("vllm:spec_decode_num_drafts_total", VLLM, "0+0.05x100"),
-        _series("vllm:spec_decode_num_accepted_tokens_per_pos_total", {**VLLM, "position": "0"}, "0x100"),
+        # llama: under the floor for 20 minutes, then the operator turned speculation off and
+        # the window has no drafts: alpha is absent. qwen: under it for 20 minutes, then back over.
+        _operator("specdecode_acceptance_alpha", SERVICE, "0.3x20"),
+        _operator("specdecode_acceptance_floor", SERVICE, "0.35x100"),
+        _operator("specdecode_acceptance_alpha", QUIET, "0.3x20 0.5x80"),
+        _operator("specdecode_acceptance_floor", QUIET, "0.35x100"),
     ], "alert_rule_test": [
+        {"eval_time": "15m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
+        {"eval_time": "45m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
         {"eval_time": "90m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": []},
     ]},
     {"interval": "1m", "input_series": [
-        _series("specdecode_metrics_available", SERVICE, "1x5 0x30"),
-        _series("specdecode_metrics_available", {"namespace": "team-b", "service": "qwen"}, "1x35"),
+        # A restart of the operator pod at minute 20 does not start the 30 minutes again.
+        _operator("specdecode_acceptance_alpha", SERVICE, "0.3x20"),
+        _operator("specdecode_acceptance_floor", SERVICE, "0.35x20"),
+        _operator("specdecode_acceptance_alpha", SERVICE, "_x22 0.3x60", pod=RESTARTED_POD),
+        _operator("specdecode_acceptance_floor", SERVICE, "_x22 0.35x60", pod=RESTARTED_POD),
+    ], "alert_rule_test": [
+        {"eval_time": "40m", "alertname": "SpecDecodeAcceptanceBelowFloor", "exp_alerts": _fired(SERVICE)},
+    ]},
+    {"interval": "1m", "input_series": [
+        _operator("specdecode_metrics_available", SERVICE, "1x5 0x30"),
+        _operator("specdecode_metrics_available", QUIET, "1x35"),
     ], "alert_rule_test": [
         {"eval_time": "15m", "alertname": "SpecDecodeMetricsUnavailable", "exp_alerts": []},
-        {"eval_time": "25m", "alertname": "SpecDecodeMetricsUnavailable",
-         "exp_alerts": [{"exp_labels": {"severity": "warning", **SERVICE}}]},
+        {"eval_time": "25m", "alertname": "SpecDecodeMetricsUnavailable", "exp_alerts": _fired(SERVICE)},
     ]},
 ]
 
@@ -509,10 +574,11 @@ def test_dashboard_has_the_panels_a_platform_team_asks_for():
     assert panel_with("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
                       "namespace, specdecode_service")
     assert panel_with("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
-    assert panel_with("specdecode_speculative_tokens")
+    assert panel_with("specdecode_speculative_tokens", "namespace, specdecode_service")
+    assert panel_with("specdecode_acceptance_alpha", "specdecode_acceptance_floor", "namespace, specdecode_service")
     assert panel_with("histogram_quantile(0.95", "vllm:e2e_request_latency_seconds_bucket")
     assert panel_with("histogram_quantile(0.95", "vllm:request_time_per_output_token_seconds_bucket")
-    assert panel_with("increase(specdecode_decisions_total[1h])")
+    assert panel_with("specdecode_decisions_total", "[1h]", "namespace, specdecode_service, action")
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"datasource", "namespace", "service"} <= variables
     for panel in panels.values():
