@@ -10,11 +10,18 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdecode.bench.run import ORACLE, POLICY, ScenarioResult
+from specdecode.bench.suite import policy_events
 
 CSV_FIELDS = (
     "scenario", "strategy", "score", "goodput_ratio", "latency_ratio", "goodput_tokens_per_s",
     "e2e_mean_s", "e2e_p95_s", "tpot_mean_s", "tpot_p95_s", "slo_violation_min", "changes",
 )
+CSV_EVENT_FIELDS = (
+    "fallback_s_max", "fallback_intervals_max", "reenable_s_max", "stationary_changes",
+    "exploration_changes",
+)
+"""Policy rows only (see `suite.policy_events`): empty when nothing happened, inf when a
+fallback or re-enable never came."""
 
 
 def _clean(value: Any) -> Any:
@@ -42,6 +49,7 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
             "strategies": {name: asdict(f) for name, f in result.strategies.items()},
             "phases": result.phases,
             "events": result.events,
+            "policy_events": policy_events(result),
             "policy_changes": [asdict(c) for c in result.changes],
             "policy_rules": result.rules,
             "elapsed_s": result.elapsed_s,
@@ -55,33 +63,56 @@ def suite_json(results: Sequence[ScenarioResult], summary: dict[str, Any]) -> di
 
 
 def write_csv(results: Sequence[ScenarioResult], path: Path) -> None:
+    """One row per scenario and strategy; the policy's rows also carry its event figures."""
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS + CSV_EVENT_FIELDS)
         writer.writeheader()
         for r in results:
+            events = policy_events(r)
             for name, f in r.strategies.items():
-                row = {"scenario": r.name, "strategy": name}
+                row: dict[str, Any] = {"scenario": r.name, "strategy": name}
                 for key in CSV_FIELDS[2:]:
                     value = getattr(f, key)
                     row[key] = "" if isinstance(value, float) and not math.isfinite(value) else (
                         round(value, 6) if isinstance(value, float) else value
                     )
+                if name == POLICY:
+                    for key in CSV_EVENT_FIELDS:
+                        value = events[key]
+                        row[key] = "" if value is None else (
+                            "inf" if isinstance(value, float) and math.isinf(value) else
+                            round(value, 3) if isinstance(value, float) else value
+                        )
                 writer.writerow(row)
 
 
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if math.isinf(seconds):
+        return "never"
+    return f"{seconds / 60:.0f}m"
+
+
 def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], console: Any) -> None:
-    """The terminal table (rich): scores per scenario and strategy, then the targets."""
+    """The terminal table (rich): scores per scenario and strategy, the policy's goodput
+    ratio, restarts, SLO-violation minutes and events, then the targets."""
     from rich.table import Table
 
     names = [n for n in results[0].strategies if n not in (ORACLE,)] if results else []
-    table = Table(title="Policy benchmark: score vs the phase oracle (min of goodput and latency ratios)")
-    table.add_column("scenario")
+    table = Table(
+        title="Policy benchmark: score vs the phase oracle (min of goodput and latency ratios)",
+        caption="goodput: the policy's / the oracle's. restarts, SLO min(utes of P95 above the "
+        "SLO): policy/oracle. fallback / re-enable: the policy's slowest after a collapse / "
+        "recovery ('off' / 'on': speculation already was). stationary: policy changes in "
+        "settled phases.",
+    )
+    table.add_column("scenario", no_wrap=True)
     for name in names:
-        table.add_column(name, justify="right")
-    table.add_column("restarts p/o", justify="right")
-    table.add_column("SLO min p/o", justify="right")
-    table.add_column("fallback", justify="right")
-    table.add_column("best static", justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
+    for column in ("goodput", "restarts", "SLO min", "fallback", "re-enable", "stationary",
+                   "best static"):
+        table.add_column(column, justify="right", no_wrap=True)
     for r in results:
         cells = []
         best = max(r.strategies[n].score for n in names if n != POLICY)
@@ -94,21 +125,39 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
                 text = f"[green]{text}[/green]"
             cells.append(text)
         p, o = r.strategies[POLICY], r.strategies[ORACLE]
-        collapses = r.events["collapses"]
-        fallback = ", ".join(
-            "off" if c.get("already_off") else "never" if c["fallback_s"] is None
-            else f"{c['fallback_s'] / 60:.0f}m"
-            for c in collapses
-        ) or "-"
+        events = policy_events(r)
+        fallback = _minutes(events["fallback_s_max"])
+        if events["fallback_s_max"] is None and events["collapses_already_off"]:
+            fallback = "off"
+        reenable = _minutes(events["reenable_s_max"])
+        if events["reenable_s_max"] is None and events["recoveries"]:
+            reenable = "on"
         cells += [
+            f"{p.goodput_ratio:.3f}",
             f"{p.changes}/{o.changes}",
             f"{p.slo_violation_min:.0f}/{o.slo_violation_min:.0f}",
             fallback,
+            reenable,
+            str(events["stationary_changes"]),
             r.best_static,
         ]
         table.add_row(r.name, *cells)
+    overall = summary.get("overall", {})
+    strategies = overall.get("strategies", {})
+    policy, oracle = strategies.get(POLICY, {}), strategies.get(ORACLE, {})
+    events = overall.get("policy_events", {})
     means = summary["mean_score_by_strategy"]
-    table.add_row("[bold]mean[/bold]", *[f"{means.get(n, math.nan):.3f}" for n in names], "", "", "", "")
+    table.add_row(
+        "[bold]mean / total[/bold]",
+        *[f"{means.get(n, math.nan):.3f}" for n in names],
+        f"{policy.get('mean_goodput_ratio', math.nan):.3f}",
+        f"{policy.get('restarts', 0)}/{oracle.get('restarts', 0)}",
+        f"{policy.get('slo_violation_min', 0):.0f}/{oracle.get('slo_violation_min', 0):.0f}",
+        _minutes(events.get("fallback_s_max")),
+        _minutes(events.get("reenable_s_max")),
+        str(events.get("stationary_changes", 0)),
+        "",
+    )
     console.print(table)
     for target in summary["targets"]:
         mark = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
@@ -144,6 +193,9 @@ def plot_scenario(result: ScenarioResult, path: Path) -> None:
     for change in result.changes:
         axes[0].axvline(change.time / minutes, color="tab:blue", alpha=0.25, lw=0.8)
     axes[0].set_ylabel("K (0 = off)")
+    from matplotlib.ticker import MaxNLocator
+
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(loc="upper right")
     truth = result.truth
     xs, alpha = [], []

@@ -127,8 +127,67 @@ def summarize(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         "policy_worst_score": worst,
         "policy_worst_scenario": worst_name,
         "mean_score_by_strategy": per_strategy,
+        "overall": overall(results),
         "targets": [t.__dict__ for t in targets],
         "elapsed_s_sum": math.fsum(r.elapsed_s for r in results),
+    }
+
+
+def policy_events(result: ScenarioResult) -> dict[str, Any]:
+    """The policy's event figures of one scenario: the slowest fallback after a collapse met
+    with speculation on and the slowest re-enable after a recovery met with it off (None:
+    none happened; inf: one never came), changes in stationary phases, exploration."""
+    events = result.events
+
+    def slowest(items: list[dict[str, Any]], key: str, skip: str) -> float | None:
+        relevant = [c for c in items if not c.get(skip)]
+        if not relevant:
+            return None
+        return max(math.inf if c[key] is None else c[key] for c in relevant)
+
+    return {
+        "collapses": len(events["collapses"]),
+        "collapses_already_off": sum(1 for c in events["collapses"] if c.get("already_off")),
+        "fallback_s_max": slowest(events["collapses"], "fallback_s", "already_off"),
+        "fallback_intervals_max": slowest(events["collapses"], "fallback_intervals", "already_off"),
+        "recoveries": len(events["recoveries"]),
+        "reenable_s_max": slowest(events["recoveries"], "reenable_s", "already_on"),
+        "stationary_changes": events["stationary_changes"],
+        "exploration_changes": events["exploration_changes"],
+    }
+
+
+def overall(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """Suite-level figures: per strategy the mean ratios to the oracle and the total
+    SLO-violation minutes and restarts; the policy's events summed or at their worst."""
+    strategies: dict[str, dict[str, float]] = {}
+    for name in results[0].strategies if results else ():
+        figs = [r.strategies[name] for r in results if name in r.strategies]
+        strategies[name] = {
+            "mean_score": math.fsum(f.score for f in figs) / len(figs),
+            "mean_goodput_ratio": math.fsum(f.goodput_ratio for f in figs) / len(figs),
+            "mean_latency_ratio": math.fsum(f.latency_ratio for f in figs) / len(figs),
+            "slo_violation_min": math.fsum(f.slo_violation_min for f in figs),
+            "restarts": sum(f.changes for f in figs),
+        }
+    events = [policy_events(r) for r in results]
+
+    def worst(key: str) -> float | None:
+        values = [e[key] for e in events if e[key] is not None]
+        return max(values) if values else None
+
+    return {
+        "strategies": strategies,
+        "policy_events": {
+            "collapses": sum(e["collapses"] for e in events),
+            "collapses_already_off": sum(e["collapses_already_off"] for e in events),
+            "fallback_s_max": worst("fallback_s_max"),
+            "fallback_intervals_max": worst("fallback_intervals_max"),
+            "recoveries": sum(e["recoveries"] for e in events),
+            "reenable_s_max": worst("reenable_s_max"),
+            "stationary_changes": sum(e["stationary_changes"] for e in events),
+            "exploration_changes": sum(e["exploration_changes"] for e in events),
+        },
     }
 
 
