@@ -71,6 +71,7 @@ _COMMAND_MODULES = [
     "specdecode.commands.diagnose",
     "specdecode.commands.sim",
     "specdecode.commands.bench",
+    "specdecode.commands.demo",
 ]
 
 

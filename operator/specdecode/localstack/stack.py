@@ -173,11 +173,28 @@ class Stack:
         """A simulator standing for the vLLM pods (of `namespaces`, or all) and a Prometheus
         scraping it with the labels a PodMonitor would give."""
         assert self.kubeconfig is not None, "start or choose a cluster first"
+        prometheus = self.start_prometheus(label=label, scrape_interval_s=scrape_interval_s)
+        return self.start_simulator(scenario, prometheus, label=label, namespaces=namespaces,
+                                    time_scale=time_scale, seed=seed)
+
+    def start_prometheus(self, *, label: str = "sim", scrape_interval_s: float = 1.0) -> PrometheusServer:
+        """A Prometheus scraping the targets a later `start_simulator(label=...)` writes: a
+        caller can hand its URL to the operator before the scenario's clock starts."""
+        workdir = self.workdir / label
+        self.progress(f"starting Prometheus ({label})")
+        prometheus = start_prometheus(workdir / "prometheus", workdir / "targets.json",
+                                      scrape_interval_s=scrape_interval_s)
+        self._closers.append(prometheus.stop)
+        return prometheus
+
+    def start_simulator(self, scenario: str, prometheus: PrometheusServer, *, label: str = "sim",
+                        namespaces: Sequence[str] = (), time_scale: float = 1.0,
+                        seed: Optional[int] = None) -> SimulatedMetrics:
+        """The simulator for the Prometheus of `start_prometheus(label=...)`; the scenario's
+        clock starts when the process has started."""
+        assert self.kubeconfig is not None, "start or choose a cluster first"
         workdir = self.workdir / label
         targets = workdir / "targets.json"
-        self.progress(f"starting Prometheus ({label})")
-        prometheus = start_prometheus(workdir / "prometheus", targets, scrape_interval_s=scrape_interval_s)
-        self._closers.append(prometheus.stop)
         args = ["sim", "--kubeconfig", str(self.kubeconfig), "--scenario", scenario,
                 "--targets-file", str(targets), "--time-scale", str(time_scale)]
         for namespace in namespaces:
