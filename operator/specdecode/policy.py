@@ -29,8 +29,8 @@ Order of the rules (the first that applies decides):
      The floor is the user's hard rule: no restart price applies.
    - Fast fallback / probe abandonment: a smaller K or off predicted better by
      ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
-   A guard that wants a change but is held (budget) does not end the evaluation: the floor
-   below still runs.
+   A collapse held back by the change budget does not end the evaluation: the rules below
+   (the floor among them) still run.
 5. Enough data: the long window must lie entirely after the current config's warm-up, with
    ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
 6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
@@ -1513,8 +1513,8 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
                     f"{_summary(preds, (target, current))}"
                 )
                 decision = _change(ctx, target, "collapse", reason, preds, flags, est, scale, guard=True)
-                # A collapse the restart price holds back is not the last word: the floor
-                # on the long window (the user's hard rule) still runs.
+                # A collapse held back (the change budget) does not end the evaluation:
+                # the later rules, the floor on the long window among them, still run.
                 if decision.changes:
                     return decision
 
