@@ -154,3 +154,23 @@ def test_a_collapse_met_with_speculation_already_off_needs_no_fallback(tmp_path)
     assert recovery["already_on"] is False and recovery["reenable_s"] is None
     target = next(t for t in suite.summarize([result])["targets"] if t["name"].startswith("fallback"))
     assert target["met"] and "already off" in target["detail"]
+
+
+def test_outputs_carry_the_overall_figures_and_the_policy_events(tmp_path, capsys):
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump({**SHORT, "duration": "25m", "phases": SHORT["phases"][:2]}))
+    out = tmp_path / "out"
+    assert cli.main(["bench", "policy", "--scenario", str(path), "--json", "--out", str(out),
+                     "--jobs", "1", "--no-plots"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    overall = data["summary"]["overall"]
+    assert set(overall["strategies"]["policy"]) == {
+        "mean_score", "mean_goodput_ratio", "mean_latency_ratio", "slo_violation_min", "restarts"}
+    events = data["scenarios"][0]["policy_events"]
+    assert events["collapses"] == 1 and events["fallback_intervals_max"] <= 3
+    assert overall["policy_events"]["stationary_changes"] == events["stationary_changes"]
+    rows = (out / "bench-policy.csv").read_text().splitlines()
+    assert rows[0].endswith("fallback_s_max,fallback_intervals_max,reenable_s_max,stationary_changes,exploration_changes")
+    policy_row = next(r for r in rows if r.startswith("short,policy,"))
+    oracle_row = next(r for r in rows if r.startswith("short,oracle,"))
+    assert policy_row.split(",")[-5] != "" and oracle_row.split(",")[-5] == ""
