@@ -78,39 +78,14 @@ class ClusterInfo:
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path | str,
                                    expiration: str = "24h") -> Path:
-        """Write a kubeconfig that authenticates as ServiceAccount `namespace/name`.
+        """Write a kubeconfig that authenticates as ServiceAccount `namespace/name` (created if
+        needed) with a TokenRequest token. Permissions are the caller's business: apply the
+        RBAC under test, so that a process run with it has exactly what it would have in a
+        real cluster, and its writes carry its own username in the audit log."""
+        from specdecode.localstack.install import service_account_kubeconfig
 
-        Creates the namespace and the account if needed and mints a token with TokenRequest
-        (`kubectl create token`). Permissions are the caller's business: apply the RBAC under
-        test, so that a process run with this kubeconfig has exactly what it would have in a
-        real cluster, and its writes carry its own username in the audit log.
-        """
-        path = Path(path)
-        for manifest in (
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
-        ):
-            _run_checked(self.kubectl_command("apply", "--server-side", "--field-manager=specdecode-localstack",
-                                              "-f", "-"), input_text=json.dumps(manifest))
-        token = _run_checked(self.kubectl_command("create", "token", name, "-n", namespace,
-                                                  f"--duration={expiration}")).strip()
-        admin = yaml.safe_load(self.kubeconfig.read_text())
-        (cluster,) = admin["clusters"]
-        user = f"{namespace}:{name}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The token is a credential: readable by the owner only, from the first byte on.
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)  # an existing file keeps its mode through O_CREAT
-        with os.fdopen(descriptor, "w") as handle:
-            yaml.safe_dump({
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": self.name, "cluster": cluster["cluster"]}],
-                "users": [{"name": user, "user": {"token": token}}],
-                "contexts": [{"name": user, "context": {"cluster": self.name, "user": user, "namespace": namespace}}],
-                "current-context": user,
-            }, handle, sort_keys=False)
-        return path
+        return service_account_kubeconfig(self.kubectl_command(), self.kubeconfig, Path(path), namespace=namespace,
+                                          account=name, duration=expiration, create=True)
 
     def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment whose KUBECONFIG points at this cluster."""

@@ -6,6 +6,8 @@ the permissions `manifests/` grants, never as cluster-admin.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -62,25 +64,42 @@ def install_prerequisites(kubectl_command: Sequence[str]) -> None:
     kubectl(kubectl_command, "apply", "--server-side", "-f", str(RBAC_FILE))
 
 
-def service_account_kubeconfig(kubectl_command: Sequence[str], admin_kubeconfig: Path, path: Path,
-                               duration: str = "12h") -> Path:
-    """A kubeconfig that authenticates as the operator's ServiceAccount."""
-    token = kubectl(kubectl_command, "create", "token", OPERATOR_ACCOUNT, "-n", OPERATOR_NAMESPACE,
-                    f"--duration={duration}").stdout.strip()
+def service_account_kubeconfig(kubectl_command: Sequence[str], admin_kubeconfig: Path, path: Path, *,
+                               namespace: str = OPERATOR_NAMESPACE, account: str = OPERATOR_ACCOUNT,
+                               duration: str = "12h", create: bool = False) -> Path:
+    """A kubeconfig that authenticates as ServiceAccount `namespace/account` with a
+    TokenRequest token (`kubectl create token`), so that a process run with it has exactly
+    the permissions its RBAC grants and its writes carry its own name in the audit log.
+
+    `create` makes the namespace and the account first (the operator's come with its RBAC).
+    """
+    if create:
+        for manifest in (
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}},
+        ):
+            kubectl(kubectl_command, "apply", "--server-side", "--field-manager=specdecode-localstack", "-f", "-",
+                    input=json.dumps(manifest))
+    token = kubectl(kubectl_command, "create", "token", account, "-n", namespace, f"--duration={duration}").stdout.strip()
     admin = yaml.safe_load(admin_kubeconfig.read_text())
-    cluster_entry = dict(admin["clusters"][0]["cluster"])
-    authority = cluster_entry.get("certificate-authority")
+    (cluster,) = admin["clusters"]
+    entry = dict(cluster["cluster"])
+    authority = entry.get("certificate-authority")
     if authority and not Path(authority).is_absolute():
-        cluster_entry["certificate-authority"] = str(admin_kubeconfig.parent / authority)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": cluster_entry}],
-        "users": [{"name": OPERATOR_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": OPERATOR_ACCOUNT}}],
-        "current-context": "operator",
-    }
+        entry["certificate-authority"] = str(admin_kubeconfig.parent / authority)
+    user = f"{namespace}:{account}"
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
+    # The token is a credential: readable by the owner only, from the first byte on.
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(descriptor, "w") as handle:
+        yaml.safe_dump({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": cluster["name"], "cluster": entry}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user, "namespace": namespace}}],
+            "current-context": user,
+        }, handle, sort_keys=False)
     return path
