@@ -130,7 +130,13 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path, no_leftover_cluster)
         returncode = process.wait(timeout=120)
     finally:
         if process.poll() is None:
-            process.kill()
+            # A failed wait: let the demo stop its stack (SIGTERM) before giving up on it;
+            # SIGKILL would leave its children (own sessions) behind.
+            process.terminate()
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
     output = log.read_text()
     assert returncode == 130, output[-4000:]
     assert "interrupted" in output and "Summary (interrupted)" in output, output[-4000:]
