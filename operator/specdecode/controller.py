@@ -12,13 +12,14 @@ import logging
 import threading
 from collections import defaultdict
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import fallback, failures, instrumentation, render
+from . import fallback, failures, instrumentation, preflight, render
 from . import status as st
 from .kube import Kube, foreign_drift
 
@@ -36,8 +37,10 @@ def _api_error_message(err: ApiException) -> str:
 class Controller:
     """The reconcile shell around the pure render and status functions."""
 
-    def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None):
+    def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None,
+                 model_cache_root: Optional[Path] = None):
         self.kube = kube
+        self.model_cache_root = model_cache_root
         self.clock = clock
         self.log = logger or logging.getLogger("specdecode.controller")
         self._locks: defaultdict[tuple[str, str], threading.RLock] = defaultdict(threading.RLock)
@@ -77,6 +80,8 @@ class Controller:
             # its retry back-off passes); then the declared speculation is tried again.
             remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
             choice, reason = st.current_choice(service.spec, remembered)
+            compat = self._preflight(service.spec)
+            choice, reason = fallback.preflight_choice(service.spec, choice, reason, compat.compatible, compat.message)
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
         except (api.SpecError, render.RenderError) as err:
@@ -101,6 +106,11 @@ class Controller:
             selector=render.selector_string(service.name),
         )
         new = st.next_status(remembered, outcome, spec, generation, now)
+        draft_message = f"{compat.message} Fix: {compat.fix}" if compat.fix else compat.message
+        conditions = st.set_condition(new.conditions, C.COND_DRAFT_COMPATIBLE, compat.status, compat.reason,
+                                      draft_message, now, generation)
+        if conditions != new.conditions:
+            new = new.model_copy(update={"conditions": conditions})
         events: list[tuple[str, str, str]] = []
         rerender = False
         if not outcome.rollout.live:
@@ -125,6 +135,16 @@ class Controller:
             self.kube.post_event(body, "Warning", C.REASON_APPLY_FAILED, apply_error, now)
         instrumentation.record_speculation(service.namespace, service.name, choice.k)
         return "error" if apply_error else "ok"
+
+    def _preflight(self, spec: api.SpecDecodeServiceSpec) -> preflight.DraftCompatibility:
+        """Draft compatibility from the configs on the model-cache volume, where the operator
+        can read it; Unknown otherwise (nothing is fetched from the hub)."""
+        if self.model_cache_root is None:
+            return preflight.DraftCompatibility(
+                "Unknown", preflight.REASON_NOT_CHECKED,
+                "preflight off: set SPECDECODE_MODEL_CACHE_ROOT where the operator can read the model cache",
+            )
+        return preflight.preflight(spec, self.model_cache_root)
 
     def _startup_failure(
         self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime

@@ -129,3 +129,24 @@ def apply_startup_failure(
             events.append(("Warning", C.REASON_STARTUP_FAILURE, message))
     new = status.model_copy(update={"conditions": conds, **updates})
     return StartupOutcome(new, tuple(events), decided is Verdict.FALLBACK)
+
+
+DRAFT_INCOMPATIBLE_PREFIX = "draft incompatible: "
+
+
+def preflight_choice(
+    spec: api.SpecDecodeServiceSpec,
+    choice: SpeculationChoice,
+    reason: str,
+    compatible: Optional[bool],
+    message: str,
+) -> tuple[SpeculationChoice, str]:
+    """The speculation to render given the draft preflight: in Auto mode a draft known to be
+    incompatible is not rolled out (its pods would crash-loop); once the preflight passes, a
+    choice made because of it gives way to the declared speculation."""
+    may_disable = spec.autotune.mode == api.AutotuneMode.AUTO and spec.speculation.allow_disable
+    if compatible is False and choice.enabled and may_disable:
+        return SpeculationChoice.off(), f"{DRAFT_INCOMPATIBLE_PREFIX}{message}"[:1024]
+    if compatible is not False and not choice.enabled and reason.startswith(DRAFT_INCOMPATIBLE_PREFIX):
+        return SpeculationChoice(k=spec.speculation.num_speculative_tokens), "declared in spec (draft preflight passed)"
+    return choice, reason

@@ -7,6 +7,7 @@ it): the timer interval is read when the decorators run.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -56,7 +57,8 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     kube = Kube(load_config())
-    _controller = Controller(kube, logger=logging.getLogger("specdecode.controller"))
+    cache_root = Path(SETTINGS.model_cache_root) if SETTINGS.model_cache_root else None
+    _controller = Controller(kube, logger=logging.getLogger("specdecode.controller"), model_cache_root=cache_root)
     _evaluator = Evaluator(kube, _controller, SETTINGS)
     logger.info("specdecode-operator started")
 

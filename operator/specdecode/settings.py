@@ -39,6 +39,12 @@ class OperatorSettings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Least severity logged.")
     liveness_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz (0 turns it off).")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Port of the operator's own /metrics (0 turns it off).")
+    model_cache_root: Optional[str] = Field(
+        None,
+        description="Where the operator can read the model-cache volume (for example a read-only "
+        "mount of the same PVC): the draft preflight compares target and draft configs found "
+        "there. Unset: DraftCompatible stays Unknown.",
+    )
     peering_name: str = Field(
         "specdecode-operator",
         description="ClusterKopfPeering object that keeps one replica active at a time.",

@@ -48,6 +48,11 @@ class RunningOperator:
     cluster: ClusterInfo
     workdir: Path
 
+    @property
+    def model_cache_root(self) -> Path:
+        """Where the operator reads model configs for the draft preflight (tests put some)."""
+        return self.workdir / "model-cache"
+
     def restart(self) -> None:
         """A new operator process with the same settings (the old one stopped if still alive):
         everything it knows must come from the cluster."""
@@ -81,8 +86,10 @@ class RunningOperator:
 def start_operator(cluster: ClusterInfo, workdir: Path) -> RunningOperator:
     stack = Stack(workdir)
     stack.use_existing_cluster(cluster.kubeconfig, kubectl=str(cluster.kubectl))
+    (workdir / "model-cache").mkdir(exist_ok=True)
     process = stack.start_operator(prometheus_url=NO_PROMETHEUS, reconcile_interval_s=RECONCILE_INTERVAL_S,
-                                   evaluation_tick_s=EVALUATION_TICK_S)
+                                   evaluation_tick_s=EVALUATION_TICK_S,
+                                   extra_args=("--model-cache-root", str(workdir / "model-cache")))
     return RunningOperator(stack, process, cluster, workdir)
 
 

@@ -144,3 +144,35 @@ def test_pods_that_crash_without_speculation_degrade_without_toggling(cluster, k
         history = [h["action"] for h in degraded["status"]["history"]]
         assert history == ["fallback"]
         assert degraded["status"]["phase"] != C.PHASE_SERVING
+
+
+def test_preflight_catches_a_vocabulary_mismatch_before_any_pod_starts(cluster, kube_api, operator, namespace):
+    """Configs on the model cache (as the pods mount it at /root/.cache/huggingface) show a
+    vocabulary mismatch: the draft is never rolled out, DraftCompatible says why and how to
+    fix it; with useHeterogeneousVocab the preflight passes and speculation rolls out."""
+    import json
+
+    mount = "/root/.cache/huggingface"
+    for name, vocab in (("acme-target-7b", 152064), ("acme-draft-0.5b", 151936)):
+        folder = operator.model_cache_root / namespace / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": vocab, "hidden_size": 896}))
+    doc = qwen(namespace)
+    doc["spec"]["model"]["name"] = f"{mount}/{namespace}/acme-target-7b"
+    doc["spec"]["speculation"]["draftModel"] = f"{mount}/{namespace}/acme-draft-0.5b"
+    kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(doc))
+
+    obj = poll_until(lambda: (o := sds(kube_api, namespace)).get("status", {}).get("phase") == C.PHASE_SERVING and o,
+                     90, "Serving")
+    draft = condition(obj, C.COND_DRAFT_COMPATIBLE)
+    assert draft["status"] == "False", draft
+    assert "152064" in draft["message"] and "useHeterogeneousVocab" in draft["message"]
+    assert obj["status"]["speculation"]["enabled"] is False
+    assert "--speculative-config" not in args(kube_api, namespace)
+
+    doc["spec"]["speculation"]["useHeterogeneousVocab"] = True
+    kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(doc))
+    fixed = poll_until(lambda: (o := sds(kube_api, namespace))["status"]["speculation"]["enabled"] and o, 60,
+                       "speculation rolled out once the preflight passes")
+    assert condition(fixed, C.COND_DRAFT_COMPATIBLE)["status"] == "True"
+    assert "--speculative-config" in args(kube_api, namespace)

@@ -90,3 +90,20 @@ def test_unknown_causes_are_retried_after_the_back_off():
     assert failed.failed_configs[0].classified is False
     assert fallback.active_failures(failed, spec, 4, T0 + timedelta(hours=1)) != []
     assert fallback.active_failures(failed, spec, 4, T0 + timedelta(hours=7)) == []
+
+
+def test_an_incompatible_draft_is_not_rolled_out_in_auto_mode():
+    spec = _spec()
+    choice, reason = fallback.preflight_choice(spec, SpeculationChoice(k=3), "declared in spec", False, "vocab 152064 vs 151936")
+    assert choice == SpeculationChoice.off() and reason.startswith(fallback.DRAFT_INCOMPATIBLE_PREFIX)
+    # Recommend mode and allowDisable=false keep what runs; the condition reports it.
+    assert fallback.preflight_choice(_spec("Recommend"), SpeculationChoice(k=3), "x", False, "m")[0] == SpeculationChoice(k=3)
+    assert fallback.preflight_choice(_spec(allow_disable=False), SpeculationChoice(k=3), "x", False, "m")[0] == SpeculationChoice(k=3)
+
+
+def test_a_passing_preflight_restores_the_declared_speculation():
+    spec = _spec()
+    choice, _ = fallback.preflight_choice(spec, SpeculationChoice.off(), fallback.DRAFT_INCOMPATIBLE_PREFIX + "x", True, "ok")
+    assert choice == SpeculationChoice(k=3)
+    # Off for another reason (the policy's) stays off.
+    assert fallback.preflight_choice(spec, SpeculationChoice.off(), "alpha 0.2 < floor", True, "ok")[0] == SpeculationChoice.off()

@@ -28,6 +28,7 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--liveness-port", type=int, help="port of /healthz (0: off)")
     p.add_argument("--metrics-port", type=int, help="port of the operator's /metrics (0: off)")
+    p.add_argument("--model-cache-root", help="where the operator can read the model cache (draft preflight)")
     p.add_argument("--peering-name", help="ClusterKopfPeering object name")
     p.add_argument("--standalone", action="store_true", default=None, help="run without peering")
     p.set_defaults(func=run_operator)
@@ -49,7 +50,7 @@ def run_operator(args: argparse.Namespace) -> int:
     overrides = {
         k: getattr(args, k)
         for k in ("namespaces", "prometheus_url", "reconcile_interval", "evaluation_tick", "log_format",
-                  "log_level", "liveness_port", "metrics_port", "peering_name", "standalone")
+                  "log_level", "liveness_port", "metrics_port", "peering_name", "standalone", "model_cache_root")
     }
     try:
         settings = settings_module.load(overrides)
