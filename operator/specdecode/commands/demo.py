@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..cli import UserError, command
+from ..localstack.install import kubectl as kubectl_run
 
 DEFAULT_DURATION = "5m"
 DEFAULT_NAMESPACE = "specdecode-demo"
@@ -288,7 +289,7 @@ def run_demo(args: argparse.Namespace) -> int:
                      for s in services]
         names = ", ".join(m["metadata"]["name"] for m in manifests)
         steps(f"applying SpecDecodeService {names} ({args.namespace})")
-        _kubectl(kubectl, "apply", "--server-side", "--field-manager=specdecode-demo", "-f", "-",
+        kubectl_run(kubectl, "apply", "--server-side", "--field-manager=specdecode-demo", "-f", "-",
                  input="\n".join(json.dumps(m) for m in manifests))
         applied = manifests
         steps.close()
@@ -359,7 +360,7 @@ def _shut_down(console, stack, args: argparse.Namespace, applied: list[dict]) ->
         # Someone else's cluster: take the service away while the operator still runs (it
         # removes its finalizer); its Deployment follows by garbage collection.
         for manifest in applied:
-            _kubectl(stack.kubectl_command, "delete", "specdecodeservice", manifest["metadata"]["name"],
+            kubectl_run(stack.kubectl_command, "delete", "specdecodeservice", manifest["metadata"]["name"],
                      "-n", args.namespace, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False)
     stack.close()
     if args.keep and stack.kubeconfig is not None:
@@ -381,30 +382,20 @@ def _shut_down(console, stack, args: argparse.Namespace, applied: list[dict]) ->
 # ---------------------------------------------------------------------------- the helpers
 
 
-def _kubectl(kubectl: list[str], *args: str, input: str | None = None, check: bool = True,
-             timeout: float = 120) -> subprocess.CompletedProcess:
-    from ..localstack.install import InstallError
-
-    done = subprocess.run([*kubectl, *args], input=input, capture_output=True, text=True, timeout=timeout)
-    if check and done.returncode != 0:
-        raise InstallError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
-    return done
-
-
 def _prepare_namespace(kubectl: list[str], namespace: str, services: list[dict]) -> None:
     """The namespace exists, and holds none of the demo's services nor their pods from an
     earlier run (the simulator would start counting for them)."""
     from .. import constants as C
 
-    if _kubectl(kubectl, "get", "namespace", namespace, check=False).returncode != 0:
-        _kubectl(kubectl, "create", "namespace", namespace)
+    if kubectl_run(kubectl, "get", "namespace", namespace, check=False).returncode != 0:
+        kubectl_run(kubectl, "create", "namespace", namespace)
         return
     for service in services:
         name = service["metadata"]["name"]
-        _kubectl(kubectl, "delete", "specdecodeservice", name, "-n", namespace, "--ignore-not-found",
+        kubectl_run(kubectl, "delete", "specdecodeservice", name, "-n", namespace, "--ignore-not-found",
                  "--wait=true", "--timeout=60s")
         deadline = time.monotonic() + 60
-        while _kubectl(kubectl, "get", "pods", "-n", namespace, "-l", f"{C.LABEL_SERVICE}={name}", "-o", "name",
+        while kubectl_run(kubectl, "get", "pods", "-n", namespace, "-l", f"{C.LABEL_SERVICE}={name}", "-o", "name",
                        check=False).stdout.strip():
             if time.monotonic() > deadline:
                 break
