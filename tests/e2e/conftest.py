@@ -85,3 +85,8 @@ def namespace(kube_api) -> Iterator[str]:
         yield name
     finally:
         core.delete_namespace(name)
+
+
+# The operator, once per session for every module (see operator_harness). Imported here, not
+# in the test modules: each module importing it would get an operator of its own.
+from .operator_harness import operator  # noqa: E402,F401

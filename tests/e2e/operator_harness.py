@@ -2,7 +2,9 @@
 RBAC and peering applied with kubectl, the process started with a ServiceAccount token bound
 to the shipped ClusterRole (never as cluster-admin), its liveness and metrics polled.
 
-Test modules import the `operator` fixture from here.
+The `operator` fixture is registered once, in conftest.py: a session fixture imported into
+several test modules would be one fixture per module, and two operators of equal peering
+priority freeze each other.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from specdecode.localstack.prometheus import start_prometheus
 from specdecode.localstack.stack import SimulatedMetrics, Stack
 
 from .conftest import poll_until
-from .operator_harness import holds_for, kubectl, operator  # noqa: F401  (fixture used by name)
+from .operator_harness import holds_for, kubectl
 
 pytestmark = pytest.mark.e2e
 

@@ -16,13 +16,12 @@ from kubernetes import client
 from specdecode import constants as C
 
 from .conftest import poll_until
-from .operator_harness import (  # noqa: F401  (the fixture is used by name)
+from .operator_harness import (
     OPERATOR_USER,
     REPO,
     RECONCILE_INTERVAL_S,
     audit_writes,
     kubectl,
-    operator,
 )
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from specdecode import constants as C
 from specdecode.localstack import FAIL_STARTUP_ANNOTATION
 
 from .conftest import poll_until
-from .operator_harness import holds_for, kubectl, operator  # noqa: F401  (fixture used by name)
+from .operator_harness import holds_for, kubectl
 
 pytestmark = pytest.mark.e2e
 
