@@ -254,6 +254,9 @@ def run_demo(args: argparse.Namespace) -> int:
                                 f"logs in {workdir}"))
 
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C must stop the demo even when it was started from a non-interactive shell's
+    # background job, which hands its children SIGINT ignored (Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     applied: list[dict] = []
     interrupted = False
     try:
