@@ -44,17 +44,6 @@ def parse_duration(text: str | int | float) -> float:
     return sum(float(n) * _DURATION_UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(stripped))
 
 
-def format_duration(seconds: float) -> str:
-    """The shortest readable form of a duration in seconds: 0.25 -> 250ms, 90 -> 1m30s."""
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
-    return "".join(parts) or "0s"
-
-
 def Duration(default: str, description: str, **kwargs: Any) -> Any:
     """A duration field: a string such as `30s` or `5m` on the wire."""
     return Field(default, description=description, pattern=DURATION_PATTERN, max_length=32, **kwargs)
