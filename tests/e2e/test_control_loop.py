@@ -119,9 +119,9 @@ def test_good_draft_settles_on_the_models_best_k(cluster, kube_api, operator, na
         # Settled: the next evaluations hold.
         changes = len(st["history"])
         wait_live(kube_api, namespace)
-        recommended_at = status(kube_api, namespace)["recommendation"]["at"]
-        poll_until(lambda: status(kube_api, namespace)["recommendation"]["at"] != recommended_at, 60, "another evaluation")
-        assert len(status(kube_api, namespace)["history"]) == changes
+        settled = wait_evaluations(kube_api, namespace, 3, 3 * EVALUATION_S + 60)
+        assert len(settled["history"]) == changes, settled["history"]
+        assert speculation(settled) == (True, best)
 
 
 def test_collapse_falls_back_fast_survives_an_operator_kill_and_recovers(cluster, kube_api, operator, namespace, tmp_path):
