@@ -114,8 +114,9 @@ def test_good_draft_settles_on_the_models_best_k(cluster, kube_api, operator, na
         st = poll_until(lambda: speculation(s := status(kube_api, namespace)) == (True, best) and s, 180,
                         f"K to settle at the model's best K={best}")
         assert all(h["action"] != "disable" for h in st.get("history", []))
-        config = deployment_args(kube_api, namespace)
-        assert f'"num_speculative_tokens":{best}' in config[config.index("--speculative-config") + 1]
+        # The decision is in status first; the re-render follows it.
+        poll_until(lambda: f'"num_speculative_tokens":{best}' in " ".join(deployment_args(kube_api, namespace)), 30,
+                   f"the Deployment to run K={best}")
         # Settled: the next evaluations hold.
         changes = len(st["history"])
         wait_live(kube_api, namespace)
