@@ -878,6 +878,11 @@ class Observations(StatusModel):
     drafts: Optional[float] = Field(None, description="Drafts in the window (sample count).")
     acceptance_rate: Optional[float] = Field(None, description="Accepted / drafted tokens.")
     alpha: Optional[float] = Field(None, description="Estimated per-token acceptance.")
+    recent_low_alpha: Optional[float] = Field(
+        None,
+        description="Lowest per-token acceptance of recent evaluations (a new low at once, forgotten "
+        "over about an hour, kept while speculation is off): tuning moves are checked against it.",
+    )
     alpha_per_position: Optional[list[Optional[float]]] = Field(
         None,
         description="Conditional acceptance at each draft position (null where a position had no trials).",

@@ -59,6 +59,7 @@ def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServic
         ready_replicas=status.ready_replicas or 0,
         excluded_ks=excluded,
         last_alpha=last_alpha,
+        recent_low_alpha=earlier.recent_low_alpha if earlier else None,
     )
 
 
@@ -119,7 +120,17 @@ def apply_decision(
 
     observations = status.observations
     if observation is not None:
-        observations = api.Observations.model_validate({**observation.to_status(), "observedAt": st.rfc3339(now)})
+        earlier = status.observations
+        low = policy.recent_low_alpha(
+            earlier.recent_low_alpha if earlier else None,
+            _epoch(earlier.observed_at) if earlier else None,
+            observation.speculation.alpha if observation.speculation is not None else None,
+            epoch,
+        )
+        observations = api.Observations.model_validate(
+            {**observation.to_status(), "observedAt": st.rfc3339(now),
+             "recentLowAlpha": None if low is None else round(low, 4)}
+        )
 
     recommendation = api.Recommendation.model_validate(decision.recommendation_status(epoch))
     if status.recommendation is not None and _same_advice(status.recommendation, recommendation):

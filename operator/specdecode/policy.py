@@ -42,7 +42,7 @@ Order of the rules (the first that applies decides):
    (the best of history's entries and status.observations.alpha before the switch-off, at
    least ``default_probe_alpha``) would pay at the current load, restart included; at the
    best K for a slightly lower acceptance (conservative). With maxSurge 0 a probe also waits
-   while the load is above ``probe_max_rollout_load`` of what the replicas left serving
+   while the load is above ``restart_max_rollout_load`` of what the replicas left serving
    during a rollout carry (a failed probe costs two restarts), and while the probed K would
    be locked in (the hedge's release, below).
 8. Capacity hedge (maxSurge 0, two replicas or more): a rollout serves on the replicas left;
@@ -192,10 +192,14 @@ class PolicyTuning:
     config's capacity (where it is locked in and its queue grows)."""
     hedge_min_benefit: float = 0.25
     """A hedge must be at least 25% faster than the current config in that future."""
-    probe_max_rollout_load: float = 0.8
-    """A re-probe (maxSurge 0) waits while the load is above this fraction of what the
-    replicas left serving during a rollout carry: a probe that fails costs two restarts, and
-    near that capacity each one builds a queue."""
+    restart_max_rollout_load: float = 0.8
+    """With maxSurge 0, a restart is affordable only while the load is below this fraction of
+    what the replicas left serving during the rollout carry: nearer that capacity each round
+    builds a queue that takes minutes to drain. A re-probe (which costs two restarts if it
+    fails) and the acceptance floor wait above it."""
+    reversion_min_drop: float = 0.1
+    """Tuning moves are checked against the recent low acceptance (`recent_low_alpha`) when
+    it lies at least this far below today's estimate (smaller dips are noise)."""
     hedge_rise_prior: float = 0.5
     """Assumed chance that a load in the zone keeps rising to that future: a hedge is taken
     when prior x the mean e2e it saves there exceeds (1 - prior) x the mean e2e it costs at
@@ -327,11 +331,32 @@ class PolicyState:
     last_alpha: float | None = None
     """status.observations.alpha as the previous evaluation left it (kept through outages):
     the memory of how the current config did before this evaluation."""
+    recent_low_alpha: float | None = None
+    """status.observations.recentLowAlpha: the lowest acceptance of the evaluations of about
+    the last hour (`recent_low_alpha`), whatever config measured it. Acceptance that fell
+    this low lately can fall this low again: tuning moves are priced against it too."""
 
     @property
     def config(self) -> int:
         """The current config as perfmodel counts it: 0 off, else K."""
         return self.k if (self.enabled and self.k) else OFF
+
+
+def recent_low_alpha(
+    previous: float | None, previous_at: float | None, alpha: float | None, now: float,
+    memory_s: float = PolicyTuning.payback_horizon_s,
+) -> float | None:
+    """The lowest acceptance seen lately: a new low at once, a rise only gradually (each
+    evaluation closes the gap to the present by elapsed / ``memory_s``: a time constant of
+    ``memory_s``). Without a new measurement (speculation
+    off, an outage) the memory is kept as it is: nothing was learned that could lift it."""
+    if alpha is None:
+        return previous
+    if previous is None or previous_at is None:
+        return alpha
+    fraction = min(1.0, max(0.0, now - previous_at) / memory_s)
+    relaxed = previous + (alpha - previous) * fraction
+    return max(min(previous, alpha), min(alpha, relaxed))
 
 
 @dataclass(frozen=True)
@@ -1588,6 +1613,25 @@ def _robust(
     return True
 
 
+def _reversion_loss(
+    ctx: _Context, calibration: Calibration, est: Estimate, current: int, candidate: int
+) -> float | None:
+    """The recent low acceptance, when a move to ``candidate`` would lose on average over
+    the two futures, acceptance as measured now or back at that low (equally likely); None
+    when the move survives it or acceptance has not been lower lately. Bursty acceptance
+    (n-gram on changing traffic) otherwise lures the policy into a K that pays only while
+    the burst lasts, and every change back costs another restart."""
+    low = ctx.state.recent_low_alpha
+    if low is None or est.alpha is None or low >= est.alpha - ctx.tuning.reversion_min_drop:
+        return None
+    s = ctx.settings
+    now_preds = predict(calibration, est, (current, candidate), current, s)
+    low_preds = predict(calibration, est, (current, candidate), current, s, low)
+    stay = now_preds[current].score + low_preds[current].score
+    move = now_preds[candidate].score + low_preds[candidate].score
+    return low if move < stay else None
+
+
 def _reprobe(
     ctx: _Context,
     est: Estimate,
@@ -1636,7 +1680,7 @@ def _reprobe(
     probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
     _, high = _window_rates(ctx, est)
     rollout_capacity = _rollout_capacity(calibration, est, (OFF, probe_k), s, alpha)
-    if rollout_capacity is not None and high >= t.probe_max_rollout_load * rollout_capacity:
+    if rollout_capacity is not None and high >= t.restart_max_rollout_load * rollout_capacity:
         return _make(
             ctx, Action.HOLD, None, "hold",
             f"re-probe due, but at {high:.2f} req/s a probe's restarts (two if it fails) "
@@ -1768,6 +1812,15 @@ def _tune(
             f"the confidence box; keeping {_label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
+    low = _reversion_loss(ctx, calibration, est, current, best)
+    if low is not None:
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, "hold",
+            f"{_label(best)} predicted {_fmt_x(preds[best].speedup)}, but acceptance was "
+            f"{low:.2f} within the last hour and, should it return there, {_label(best)} "
+            f"loses more than it gains now; keeping {_label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
     reason = f"predicted {_summary(preds, (best, current))} {context}"
     return _change(ctx, best, "tune", reason, preds, flags, est, scale, guard=False)
 
@@ -1797,10 +1850,33 @@ def _change(
     pred_map = dict(preds) if isinstance(preds, Mapping) else {p.k: p for p in preds}
     keep = ctx.state.k
 
+    # The acceptance floor pays no price, with one exception: a rollout that would overload
+    # the replicas left serving and that does not repay itself. Low acceptance costs some
+    # speed; minutes of a queue on one replica cost every request of those minutes. The floor
+    # then waits for the load to allow a restart.
+    if rule in ("floor", "collapse") and est is not None:
+        calibration, _ = _calibrate(ctx, est)
+        _, high = _window_rates(ctx, est)
+        capacity = _rollout_capacity(calibration, est, (current, target), s)
+        if capacity is not None and high >= t.restart_max_rollout_load * capacity:
+            outlook = switch_outlook(
+                calibration, est, current, target, s, horizon_s=t.guard_payback_horizon_s
+            )
+            if not outlook.pays(t.min_switch_saving):
+                return _make(
+                    ctx, Action.HOLD, keep, rule,
+                    f"would move to {_label(target)} ({reason}), but at {high:.2f} req/s the "
+                    f"rollout would load the replicas left serving to {high / capacity:.0%} of "
+                    f"the {capacity:.1f} req/s they carry and not repay itself within "
+                    f"{_fmt_s(t.guard_payback_horizon_s)}: holding until the load allows a "
+                    "restart",
+                    metrics=flags, predictions=pred_map, est=est, scale=scale,
+                )
+
     # Price: switching now, restart included, must beat staying over the payback horizon.
     # Exempt: bounds fixes (the spec demands them), the acceptance floor on either window
-    # (the user's hard rule: rules "floor" and "collapse") and hedges (priced by
-    # hedge_outlook against a rising load).
+    # (the user's hard rule, rules "floor" and "collapse", held back only by an overloading
+    # rollout, above) and hedges (priced by hedge_outlook against a rising load).
     if (
         rule not in ("bounds", "floor", "collapse", "hedge")
         and est is not None

@@ -97,3 +97,30 @@ def test_restart_price_duration_is_measured_from_the_last_rollout():
     spec = _spec()
     assert evaluation.measured_restart_s(_status(spec)) == 60.0
     assert evaluation.measured_restart_s(api.SpecDecodeServiceStatus()) == evaluation.DEFAULT_RESTART_S
+
+
+def test_recent_low_acceptance_is_kept_in_status_across_configs_and_outages():
+    """A collapse seen on K=3 is remembered in status.observations.recentLowAlpha, survives a
+    config change and an evaluation without acceptance (speculation off), and reaches the
+    policy through status alone (an operator restart loses nothing)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_policy import observe
+    from specdecode.perfmodel import Workload
+
+    spec = _spec()
+    status = _status(spec)
+    hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="hold")
+    state = evaluation.policy_state(status, spec, T0)
+    seen = []
+    for minute, (k, alpha) in enumerate([(3, 0.7), (3, 0.12), (3, 0.7), (0, None)]):
+        now = T0 + timedelta(minutes=minute)
+        observation = observe(Workload(8, 1000, 200, 0, alpha or 0.5), k, 300)
+        status = evaluation.apply_decision(status, spec, hold, state, observation, 1, now).status
+        seen.append(status.observations.recent_low_alpha)
+    assert seen[0] == 0.7 and seen[1] == 0.12
+    assert 0.12 < seen[2] < 0.15  # forgotten over about an hour, not at once
+    assert seen[3] == seen[2]  # off: nothing measured, nothing forgotten
+    restarted = evaluation.policy_state(status, spec, T0 + timedelta(minutes=5))
+    assert restarted.recent_low_alpha == seen[3]

@@ -522,27 +522,77 @@ def test_a_draft_never_seen_paying_is_probed_less_often():
     assert later.action is Action.ENABLE
 
 
-# --- the acceptance floor is the user's hard rule ---------------------------------------------
+# --- the acceptance floor is the user's hard rule, but never worth an overload ----------------
 
 NGRAM = EngineParams.for_method("ngram")
 
 
-def test_floor_turns_speculation_off_even_when_the_restart_does_not_pay():
-    """n-gram at 16 req/s: a restart loads the one replica left near its capacity, so the
-    price check alone would keep K=3; alpha confidently below the floor turns it off anyway."""
-    low = Workload(16, 1500, 250, 0, 0.12)
+def _ngram_below_floor(rate: float) -> tuple[PolicySettings, PolicyObservations]:
+    low = Workload(rate, 1500, 250, 0, 0.12)
     settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
-    observed = PolicyObservations.of(observe(low, 3, 300, params=NGRAM), observe(low, 3, 75, params=NGRAM))
+    return settings, PolicyObservations.of(
+        observe(low, 3, 300, params=NGRAM), observe(low, 3, 75, params=NGRAM)
+    )
+
+
+def _restart_pays(
+    settings: PolicySettings, observed: PolicyObservations, horizon_s: float | None = None
+) -> bool:
     est = P.estimate(observed.window, settings.tuning)
     ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
     calibration, _ = P._calibrate(ctx, est)
-    assert not P.switch_outlook(calibration, est, 3, OFF, settings).pays(settings.tuning.min_switch_saving)
+    outlook = P.switch_outlook(calibration, est, 3, OFF, settings, horizon_s=horizon_s)
+    return outlook.pays(settings.tuning.min_switch_saving)
+
+
+def _rollout_capacity(settings: PolicySettings, observed: PolicyObservations) -> float:
+    est = P.estimate(observed.window, settings.tuning)
+    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
+    calibration, _ = P._calibrate(ctx, est)
+    capacity = P._rollout_capacity(calibration, est, (3, OFF), settings)
+    assert capacity is not None
+    return capacity
+
+
+def test_floor_turns_speculation_off_even_when_the_restart_does_not_pay():
+    """n-gram at 4 req/s, alpha 0.12: off is barely faster, so the price check alone would
+    keep K=3; the floor turns it off anyway (the one replica left carries the load easily)."""
+    settings, observed = _ngram_below_floor(4)
+    assert not _restart_pays(settings, observed)
     decision = P.decide(settings, on(3), observed, (), NOW)
-    assert decision.action is Action.DISABLE and decision.rule in ("collapse", "floor")
+    assert decision.action is Action.DISABLE and decision.rule == "floor"
     assert "slower than staying" not in decision.reason
+
+
+def test_floor_waits_while_the_rollout_would_overload_the_replica_left():
+    """At 14 req/s the one replica left during a rollout would carry more than its capacity
+    for minutes: the floor holds, says why with numbers, and acts once the load allows."""
+    settings, observed = _ngram_below_floor(14)
+    assert not _restart_pays(settings, observed, settings.tuning.guard_payback_horizon_s)
+    decision = P.decide(settings, on(3), observed, (), NOW)
+    assert decision.action is Action.HOLD and decision.rule in ("collapse", "floor")
+    assert "replicas left serving" in decision.reason and "req/s" in decision.reason
+    assert decision.k == 3 and decision.enabled
     # The long window alone (no short window) reaches the same verdict through the floor.
     long_only = PolicyObservations.of(observed.window, None)
-    assert P.decide(settings, on(3), long_only, (), NOW).rule == "floor"
+    held = P.decide(settings, on(3), long_only, (), NOW)
+    assert held.action is Action.HOLD and held.rule == "floor"
+    # The same acceptance at a load the replica left carries: off at once.
+    _, calm = _ngram_below_floor(6)
+    assert P.decide(settings, on(3), calm, (), NOW).action is Action.DISABLE
+
+
+def test_floor_is_not_held_when_staying_is_worse_than_the_overload():
+    """A draft model at alpha 0.12 and 10 req/s: the replica left during the rollout would
+    run above 80% of its capacity, but K=3 is so slow that staying costs more than that
+    rollout within the guard's 30 minutes: the floor acts."""
+    low = Workload(10, 1500, 250, 0, 0.12)
+    settings = auto(max_surge=0, slo_e2e_s=6.0)
+    observed = PolicyObservations.of(observe(low, 3, 300), None)
+    assert 10 >= settings.tuning.restart_max_rollout_load * _rollout_capacity(settings, observed)
+    assert _restart_pays(settings, observed, settings.tuning.guard_payback_horizon_s)
+    decision = P.decide(settings, on(3), observed, (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "floor"
 
 
 def test_a_short_window_back_above_the_floor_suppresses_the_long_window_floor():
@@ -618,3 +668,41 @@ def test_kv_memory_is_calibrated_from_the_usage_gauge(k):
     prior = P.PolicySettings(replicas=2).prior_params()
     assert P.kv_scale(prior, k, est, P.PolicyTuning()) == pytest.approx(0.5, rel=0.02)
     assert P.kv_scale(prior, k, replace(est, kv_usage=0.001), P.PolicyTuning()) is None
+
+
+# --- recent low acceptance: bursts do not lure tuning into a K that pays only while they last ---
+
+
+def test_recent_low_alpha_takes_a_new_low_at_once_and_rises_slowly():
+    assert P.recent_low_alpha(None, None, 0.7, NOW) == 0.7
+    assert P.recent_low_alpha(0.7, NOW - 60, 0.1, NOW) == 0.1
+    one_minute = P.recent_low_alpha(0.1, NOW - 60, 0.7, NOW, memory_s=3600)
+    assert one_minute == pytest.approx(0.1 + 0.6 / 60)
+    assert P.recent_low_alpha(0.1, NOW - 7200, 0.7, NOW, memory_s=3600) == 0.7
+    # Speculation off or an outage: nothing measured, nothing forgotten.
+    assert P.recent_low_alpha(0.1, NOW - 7200, None, NOW) == 0.1
+
+
+@given(
+    previous=st.none() | st.floats(0, 1),
+    elapsed=st.floats(0, 10_000),
+    alpha=st.floats(0, 1),
+)
+def test_recent_low_alpha_stays_between_the_old_low_and_the_present(previous, elapsed, alpha):
+    low = P.recent_low_alpha(previous, NOW - elapsed, alpha, NOW)
+    assert low <= alpha
+    assert low >= min(alpha, previous if previous is not None else alpha)
+
+
+def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():
+    """n-gram at 12 req/s and alpha 0.75 wants K=8; had acceptance been 0.12 within the last
+    hour, K=8 would lose far more there than it gains now: K=3 is kept, with the reason."""
+    busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
+    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
+    steady = P.decide(settings, on(3), busy, (), NOW)
+    assert steady.action is Action.SET_K and steady.k == 8
+    wary = P.decide(settings, replace(on(3), recent_low_alpha=0.12), busy, (), NOW)
+    assert wary.action is Action.HOLD and wary.k == 3
+    assert "0.12 within the last hour" in wary.reason
+    # A dip within the noise (less than reversion_min_drop) changes nothing.
+    assert P.decide(settings, replace(on(3), recent_low_alpha=0.7), busy, (), NOW).k == 8

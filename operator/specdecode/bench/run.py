@@ -135,6 +135,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
     run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
     transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
     live_at: float | None = None
+    observed_at: float | None = None  # status.observations.observedAt
 
     long = None
     steps = int(math.floor(scenario.duration / scrape))
@@ -174,8 +175,14 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
         decision = pol.decide(settings, state, observed, tuple(history), t)
         # status.observations.alpha: updated when the long window has acceptance, kept
         # through outages and holds without it.
-        if not outage and long is not None and long.speculation is not None and long.speculation.alpha is not None:
-            state = replace(state, last_alpha=long.speculation.alpha)
+        # status.observations.recentLowAlpha: every evaluation with observations updates it.
+        if not outage and long is not None:
+            alpha_now = long.speculation.alpha if long.speculation is not None else None
+            low = pol.recent_low_alpha(state.recent_low_alpha, observed_at, alpha_now, t)
+            state = replace(state, recent_low_alpha=low)
+            observed_at = t
+            if alpha_now is not None:
+                state = replace(state, last_alpha=alpha_now)
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
@@ -195,7 +202,8 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
         live_at = t + replicas * rollout_s
         state = pol.PolicyState(decision.enabled, decision.k, since=t, live_since=None,
-                                ready_replicas=fleet.ready, last_alpha=None)
+                                ready_replicas=fleet.ready, last_alpha=None,
+                                recent_low_alpha=state.recent_low_alpha)
     return run
 
 

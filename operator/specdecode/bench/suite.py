@@ -202,7 +202,12 @@ def _fallback_detail(fallbacks: list[tuple[str, float | None, str | None]]) -> s
         never = [h for i, h in items if i is None]
         text = ", ".join(times)
         if never:
-            why = " (held: restart judged not to pay)" if any(h and "slower than staying" in h for h in never) else ""
+            held = " ".join(h for h in never if h)
+            why = ""
+            if "replicas left serving" in held:
+                why = " (held: the rollout would overload the replicas left serving)"
+            elif "slower than staying" in held:
+                why = " (held: restart judged not to pay)"
             text = (text + ", " if text else "") + f"never x{len(never)}{why}"
         parts.append(f"{name}: {text}")
     return "; ".join(parts)
