@@ -11,6 +11,7 @@ Field names are camelCase on the wire (Kubernetes convention) and snake_case in 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -26,22 +27,33 @@ from . import constants as C
 # ---------------------------------------------------------------------------------------------
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 
 
-def parse_duration(text: str | int | float) -> float:
-    """Seconds in a duration such as `30s`, `5m`, `1h30m` or `250ms` (plain numbers are seconds)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"duration {text!r} is negative")
-        return float(text)
-    stripped = str(text).strip()
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", stripped):
-        return float(stripped)
-    if not re.fullmatch(DURATION_PATTERN, stripped):
-        raise ValueError(f"{text!r} is not a duration; write it like 90s, 5m, 1h30m or 250ms")
-    return sum(float(n) * _DURATION_UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(stripped))
+def parse_duration(text: str | int | float, *, days: bool = False) -> float:
+    """Seconds in a duration such as `30s`, `5m`, `1h30m` or `250ms` (plain numbers are seconds).
+
+    The one duration parser of the project: the API's durations (the CRD's pattern), and with
+    ``days`` also `1d` for scenario files, which can last days.
+    """
+    example = "90s, 5m, 1h30m or 250ms" + (" (days: 1d)" if days else "")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{text!r} is not a duration; write it like {example}")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        stripped = text.strip()
+        parts = _DURATION_PART.findall(stripped)
+        if re.fullmatch(r"[0-9]+(\.[0-9]+)?", stripped):
+            seconds = float(stripped)
+        elif parts and "".join(n + u for n, u in parts) == stripped and (days or all(u != "d" for _, u in parts)):
+            seconds = sum(float(n) * DURATION_UNIT_SECONDS[u] for n, u in parts)
+        else:
+            raise ValueError(f"{text!r} is not a duration; write it like {example}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration {text!r} must be a finite number of seconds >= 0")
+    return seconds
 
 
 def Duration(default: str, description: str, **kwargs: Any) -> Any:

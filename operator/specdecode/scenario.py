@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -59,6 +58,7 @@ from pydantic import (
     model_validator,
 )
 
+from specdecode import api
 from specdecode.perfmodel import METHODS, EngineParams, EngineParamsError, Method, Workload
 
 
@@ -70,32 +70,10 @@ class ScenarioError(ValueError):
 # Durations
 # --------------------------------------------------------------------------------------------
 
-_UNIT_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-
-
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string such as `90s`, `30m`, `6h`, `1h30m`, `250ms`."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected seconds or a duration such as 90s, 30m, 6h; got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().replace(" ", "")
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _DURATION_PART.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise ValueError(
-                    f"expected seconds or a duration such as 90s, 30m, 6h; got {value!r}"
-                ) from None
-            seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    else:
-        raise ValueError(f"expected seconds or a duration such as 90s, 30m, 6h; got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"a duration must be a finite number >= 0, got {value!r}")
-    return seconds
+    """Seconds from a number or a string such as `90s`, `30m`, `6h`, `1h 30m`, `1d`: the API's
+    durations (`api.parse_duration`), plus days and spaces between the parts."""
+    return api.parse_duration(value.replace(" ", "") if isinstance(value, str) else value, days=True)
 
 
 def format_duration(seconds: float) -> str:
@@ -104,7 +82,7 @@ def format_duration(seconds: float) -> str:
         return f"{seconds * 1000:g}ms"
     out, rest = "", seconds
     for unit in ("h", "m"):
-        size = _UNIT_SECONDS[unit]
+        size = api.DURATION_UNIT_SECONDS[unit]
         if rest >= size:
             whole = int(rest // size)
             out += f"{whole}{unit}"

@@ -143,7 +143,7 @@ def test_model_overrides_reach_the_engine_params() -> None:
     "changes, expected",
     [
         ({"method": "medusa"}, "method: 'medusa' is not a method; use one of draft_model"),
-        ({"duration": "1hh"}, "duration: expected seconds or a duration such as 90s"),
+        ({"duration": "1hh"}, "duration: '1hh' is not a duration; write it like 90s"),
         ({"model": {"step_fixed": 1}}, "model.step_fixed: unknown parameter; valid keys are"),
         ({"model": {"min_k": 4, "max_k": 2}}, "model.min_k/max_k"),
         ({"slo": {"p95_e2e": 3}}, "slo.p95_e2e: unknown key 'p95_e2e'; valid keys here: p95_e2e_s"),
