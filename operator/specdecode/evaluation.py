@@ -124,7 +124,8 @@ def apply_decision(
         low = policy.recent_low_alpha(
             earlier.recent_low_alpha if earlier else None,
             _epoch(earlier.observed_at) if earlier else None,
-            observation.speculation.alpha if observation.speculation is not None else None,
+            observation,
+            spec.autotune.min_drafts,
             epoch,
         )
         observations = api.Observations.model_validate(

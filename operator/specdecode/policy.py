@@ -343,13 +343,23 @@ class PolicyState:
 
 
 def recent_low_alpha(
-    previous: float | None, previous_at: float | None, alpha: float | None, now: float,
+    previous: float | None,
+    previous_at: float | None,
+    observation: Observation | None,
+    min_drafts: float,
+    now: float,
     memory_s: float = PolicyTuning.payback_horizon_s,
 ) -> float | None:
     """The lowest acceptance seen lately: a new low at once, a rise only gradually (each
     evaluation closes the gap to the present by elapsed / ``memory_s``: a time constant of
-    ``memory_s``). Without a new measurement (speculation
-    off, an outage) the memory is kept as it is: nothing was learned that could lift it."""
+    ``memory_s``). Only a window with ``min_drafts`` drafted tokens counts (a young config's
+    first drafts are noise, not a low). Without such a measurement (speculation off, an
+    outage, too few drafts) the memory is kept as it is: nothing was learned that could
+    lift it."""
+    spec = None if observation is None else observation.speculation
+    alpha = None
+    if spec is not None and spec.alpha is not None and spec.draft_tokens >= min_drafts:
+        alpha = spec.alpha
     if alpha is None:
         return previous
     if previous is None or previous_at is None:

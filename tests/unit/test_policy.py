@@ -673,25 +673,38 @@ def test_kv_memory_is_calibrated_from_the_usage_gauge(k):
 # --- recent low acceptance: bursts do not lure tuning into a K that pays only while they last ---
 
 
+def _window_at(alpha: float | None) -> Observation:
+    """A 5-minute window of K=1 at 8 req/s whose acceptance is ``alpha`` (None: off)."""
+    workload = Workload(8, 1000, 300, 0, alpha or 0.5)
+    return observe(workload, 1 if alpha is not None else OFF, 300)
+
+
 def test_recent_low_alpha_takes_a_new_low_at_once_and_rises_slowly():
-    assert P.recent_low_alpha(None, None, 0.7, NOW) == 0.7
-    assert P.recent_low_alpha(0.7, NOW - 60, 0.1, NOW) == 0.1
-    one_minute = P.recent_low_alpha(0.1, NOW - 60, 0.7, NOW, memory_s=3600)
+    drafts = 2000
+    assert P.recent_low_alpha(None, None, _window_at(0.7), drafts, NOW) == pytest.approx(0.7)
+    assert P.recent_low_alpha(0.7, NOW - 60, _window_at(0.1), drafts, NOW) == pytest.approx(0.1)
+    one_minute = P.recent_low_alpha(0.1, NOW - 60, _window_at(0.7), drafts, NOW, memory_s=3600)
     assert one_minute == pytest.approx(0.1 + 0.6 / 60)
-    assert P.recent_low_alpha(0.1, NOW - 7200, 0.7, NOW, memory_s=3600) == 0.7
-    # Speculation off or an outage: nothing measured, nothing forgotten.
-    assert P.recent_low_alpha(0.1, NOW - 7200, None, NOW) == 0.1
+    assert P.recent_low_alpha(0.1, NOW - 7200, _window_at(0.7), drafts, NOW, memory_s=3600) == pytest.approx(0.7)
+    # Speculation off, an outage, or too few drafts: nothing learned, nothing forgotten.
+    assert P.recent_low_alpha(0.1, NOW - 7200, _window_at(None), drafts, NOW) == 0.1
+    assert P.recent_low_alpha(0.1, NOW - 7200, None, drafts, NOW) == 0.1
+    young = _window_at(0.05)
+    assert P.recent_low_alpha(0.7, NOW - 60, young, young.speculation.draft_tokens + 1, NOW) == 0.7
 
 
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 @given(
     previous=st.none() | st.floats(0, 1),
     elapsed=st.floats(0, 10_000),
-    alpha=st.floats(0, 1),
+    alpha=st.floats(0.01, 0.99),
 )
 def test_recent_low_alpha_stays_between_the_old_low_and_the_present(previous, elapsed, alpha):
-    low = P.recent_low_alpha(previous, NOW - elapsed, alpha, NOW)
-    assert low <= alpha
-    assert low >= min(alpha, previous if previous is not None else alpha)
+    window = _window_at(alpha)
+    measured = window.speculation.alpha
+    low = P.recent_low_alpha(previous, NOW - elapsed, window, 0, NOW)
+    assert low <= measured
+    assert low >= min(measured, previous if previous is not None else measured)
 
 
 def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():

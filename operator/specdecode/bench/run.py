@@ -177,12 +177,11 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
         # through outages and holds without it.
         # status.observations.recentLowAlpha: every evaluation with observations updates it.
         if not outage and long is not None:
-            alpha_now = long.speculation.alpha if long.speculation is not None else None
-            low = pol.recent_low_alpha(state.recent_low_alpha, observed_at, alpha_now, t)
+            low = pol.recent_low_alpha(state.recent_low_alpha, observed_at, long, settings.min_drafts, t)
             state = replace(state, recent_low_alpha=low)
             observed_at = t
-            if alpha_now is not None:
-                state = replace(state, last_alpha=alpha_now)
+            if long.speculation is not None and long.speculation.alpha is not None:
+                state = replace(state, last_alpha=long.speculation.alpha)
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
