@@ -26,7 +26,11 @@ Order of the rules (the first that applies decides):
      restart.
    - Acceptance collapse: alpha confidently below the floor on the guard window and the model
      agrees that less speculation is better -> off (minK when disabling is not allowed).
-     The floor is the user's hard rule: no restart price applies.
+     The floor is the user's hard rule: no restart price applies, with one exception: with
+     maxSurge 0, while the load is above ``restart_max_rollout_load`` of what the replicas
+     left serving carry and the rollout would not repay itself over the guard horizon, the
+     floor waits (an overloaded replica costs every request of those minutes; low
+     acceptance costs some speed).
    - Fast fallback / probe abandonment: a smaller K or off predicted better by
      ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
    A collapse held back by the change budget does not end the evaluation: the rules below
@@ -34,8 +38,9 @@ Order of the rules (the first that applies decides):
 5. Enough data: the long window must lie entirely after the current config's warm-up, with
    ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
 6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
-   off (or minK), whatever the restart costs; unless the short window, newer, shows alpha
-   confidently back above the floor (the long window's acceptance is then the past).
+   off (or minK), whatever the restart costs but an overloading rollout (as in 4); unless
+   the short window, newer, shows alpha confidently back above the floor (the long window's
+   acceptance is then the past).
 7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every further probe
    that failed in a row, and once more for a draft never seen above the floor, up to
    ``reprobe_backoff_max`` times), when the model predicts that the remembered acceptance
@@ -58,8 +63,11 @@ Order of the rules (the first that applies decides):
    ``hedge_release`` of the rollout capacity and the hedge would send it back at once.
 9. Tuning: the best config by predicted score; act only when it beats the current one by the
    hysteresis margin at the point estimate, is no worse at every corner of the confidence box
-   (alpha +- z*sigma, request rate +- z*sigma), repays the restart within
-   ``payback_horizon_s``, and the cooldown and change budget allow it.
+   (alpha +- z*sigma, request rate +- z*sigma), survives a return of acceptance to its
+   recent low (status.observations.recentLowAlpha, when ``reversion_min_drop`` below today's:
+   the move must not lose on average over the two futures, so n-gram bursts do not lure K
+   up for as long as they last), repays the restart within ``payback_horizon_s``, and the
+   cooldown and change budget allow it.
 
 Prediction (the performance model calibrated to the observations):
 
