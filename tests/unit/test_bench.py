@@ -174,3 +174,23 @@ def test_outputs_carry_the_overall_figures_and_the_policy_events(tmp_path, capsy
     policy_row = next(r for r in rows if r.startswith("short,policy,"))
     oracle_row = next(r for r in rows if r.startswith("short,oracle,"))
     assert policy_row.split(",")[-5] != "" and oracle_row.split(",")[-5] == ""
+
+
+def test_a_collapse_is_held_while_a_rollout_would_overload_and_the_report_says_why(tmp_path):
+    """n-gram at 16 req/s on two replicas: a rollout would leave one replica near its
+    capacity for six minutes, so the 10-minute dip below the floor is held, not chased with
+    two overloading restarts; the benchmark reports the held collapse with its cause."""
+    data = {**SHORT, "name": "dip", "method": "ngram", "duration": "30m", "phases": [
+        {"at": 0, "request_rate": 16, "prompt_tokens": 1500, "output_tokens": 250, "acceptance": 0.7},
+        {"at": "10m", "acceptance": 0.12},
+        {"at": "20m", "acceptance": 0.7},
+    ]}
+    path = tmp_path / "dip.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = run.run_scenario(path)
+    assert result.changes == []
+    (collapse,) = result.events["collapses"]
+    assert collapse["fallback_s"] is None and "replicas left serving" in collapse["held"]
+    target = next(t for t in suite.summarize([result])["targets"] if t["name"].startswith("fallback"))
+    assert not target["met"] and "the rollout would overload the replicas left serving" in target["detail"]
+    assert result.strategies[run.POLICY].score > result.strategies["off"].score

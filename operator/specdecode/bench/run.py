@@ -337,6 +337,10 @@ def _config_at(run: PolicyRun, t: float, initial: int) -> int:
     return config
 
 
+_FALLBACK_RULES = frozenset({"collapse", "floor", "fast-fallback", "slo-guard"})
+"""Rules that fall back from a collapse; what held them back is what a missed fallback reports."""
+
+
 def _events(
     scenario: Scenario, settings: pol.PolicySettings, run: PolicyRun
 ) -> dict[str, Any]:
@@ -362,7 +366,11 @@ def _events(
             delay = None if change is None else change.time - start
             held = None
             if change is None:
-                held = next((reason for when, _, reason in run.blocked if start <= when < end), None)
+                # The floor's own hold explains most; the other fallback rules' holds next.
+                blocks = [(rule not in ("collapse", "floor"), when, reason)
+                          for when, rule, reason in run.blocked
+                          if start <= when < end and rule in _FALLBACK_RULES]
+                held = min(blocks)[2] if blocks else None
             # Visible with the first scrape after the change, or after an outage hiding it.
             visible = start
             for outage in scenario.metrics_outage:
