@@ -1881,14 +1881,24 @@ def _change(
                 calibration, est, current, target, s, horizon_s=t.guard_payback_horizon_s
             )
             if not outlook.pays(t.min_switch_saving):
-                return _make(
-                    ctx, Action.HOLD, keep, rule,
+                held = (
                     f"would move to {_label(target)} ({reason}), but at {high:.2f} req/s the "
                     f"rollout would load the replicas left serving to {high / capacity:.0%} of "
                     f"the {capacity:.1f} req/s they carry and not repay itself within "
                     f"{_fmt_s(t.guard_payback_horizon_s)}: holding until the load allows a "
-                    "restart",
+                    "restart"
+                )
+                decision = _make(
+                    ctx, Action.HOLD, keep, rule, held,
                     metrics=flags, predictions=pred_map, est=est, scale=scale,
+                )
+                # Speculation below the user's floor is not effective, whatever the model
+                # says of K vs off: the condition says so, and why nothing changes.
+                return replace(
+                    decision,
+                    speculation_effective=False,
+                    effective_reason=constants.REASON_ACCEPTANCE_BELOW_FLOOR,
+                    effective_message=held,
                 )
 
     # Price: switching now, restart included, must beat staying over the payback horizon.

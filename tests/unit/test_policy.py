@@ -573,6 +573,10 @@ def test_floor_waits_while_the_rollout_would_overload_the_replica_left():
     assert decision.action is Action.HOLD and decision.rule in ("collapse", "floor")
     assert "replicas left serving" in decision.reason and "req/s" in decision.reason
     assert decision.k == 3 and decision.enabled
+    # kubectl shows it: SpeculationEffective=False, AcceptanceBelowFloor, and why it holds.
+    assert decision.speculation_effective is False
+    assert decision.effective_reason == constants.REASON_ACCEPTANCE_BELOW_FLOOR
+    assert "holding until the load allows a restart" in decision.effective_message
     # The long window alone (no short window) reaches the same verdict through the floor.
     long_only = PolicyObservations.of(observed.window, None)
     held = P.decide(settings, on(3), long_only, (), NOW)
