@@ -120,10 +120,9 @@ def apply_decision(
 
     observations = status.observations
     if observation is not None:
-        earlier = status.observations
         low = policy.recent_low_alpha(
-            earlier.recent_low_alpha if earlier else None,
-            _epoch(earlier.observed_at) if earlier else None,
+            observations.recent_low_alpha if observations else None,
+            _epoch(observations.observed_at) if observations else None,
             observation,
             spec.autotune.min_drafts,
             epoch,

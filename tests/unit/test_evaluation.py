@@ -6,6 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 from specdecode import api, constants as C, evaluation, policy
 from specdecode import status as st
+from specdecode.perfmodel import Workload
+
+from .test_policy import observe
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -99,16 +102,10 @@ def test_restart_price_duration_is_measured_from_the_last_rollout():
     assert evaluation.measured_restart_s(api.SpecDecodeServiceStatus()) == evaluation.DEFAULT_RESTART_S
 
 
-def test_recent_low_acceptance_is_kept_in_status_across_configs_and_outages():
+def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     """A collapse seen on K=3 is remembered in status.observations.recentLowAlpha, survives a
     config change and an evaluation without acceptance (speculation off), and reaches the
     policy through status alone (an operator restart loses nothing)."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_policy import observe
-    from specdecode.perfmodel import Workload
-
     spec = _spec()
     status = _status(spec)
     hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="hold")
