@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from . import constants as C
+from .redaction import redact_limited
 
 # ---------------------------------------------------------------------------------------------
 # Durations
@@ -737,10 +738,14 @@ class PrometheusAuth(ApiModel):
     """Credentials for Prometheus-compatible APIs (Thanos, Mimir, managed services)."""
 
     bearer_token_secret: Optional[SecretKeyRef] = Field(
-        None, description="Secret in the operator's namespace holding a bearer token."
+        None,
+        description="Secret in the service's own namespace holding a bearer token, sent only to "
+        "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
     )
     ca_secret: Optional[SecretKeyRef] = Field(
-        None, description="Secret in the operator's namespace holding a CA bundle (PEM)."
+        None,
+        description="Secret in the service's own namespace holding a CA bundle (PEM) for "
+        "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
     )
     headers: StringMap = Field(
         default_factory=dict,
@@ -754,7 +759,9 @@ class Metrics(ApiModel):
 
     prometheus_url: Optional[str] = Field(
         None,
-        description="Prometheus API base URL for this service, overriding the operator's default.",
+        description="Prometheus API base URL for this service, overriding the operator's default. "
+        "Must start with a prefix the platform allows (operator setting allowedPrometheusUrls; "
+        "by default only the operator's own Prometheus), else MetricsAvailable is False.",
         max_length=2048,
         pattern=r"^https?://",
     )
@@ -833,6 +840,12 @@ class SpecDecodeServiceSpec(ApiModel):
 # ---------------------------------------------------------------------------------------------
 
 
+def Redacted(limit: int) -> Any:
+    """A status text that may quote foreign text (logs, HTTP answers): redacted on every
+    construction, so status read back compares equal to status computed anew."""
+    return Annotated[str, AfterValidator(redact_limited(limit))]
+
+
 class StatusModel(BaseModel):
     """Base of status objects: camelCase on the wire, unknown fields kept out of the way."""
 
@@ -849,7 +862,7 @@ class Condition(StatusModel):
                       "MetricsAvailable or DraftCompatible.", max_length=64)
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word for machines.", max_length=128)
-    message: str = Field("", description="What happened, with numbers, for people.", max_length=4096)
+    message: Redacted(4096) = Field("", description="What happened, with numbers, for people.", max_length=4096)
     last_transition_time: str = Field(description="When status last changed (RFC 3339).", max_length=64)
     observed_generation: Optional[int] = Field(None, description="Generation of the spec this reflects.")
 
@@ -861,7 +874,7 @@ class EffectiveSpeculation(StatusModel):
     method: Optional[str] = Field(None, description="Method in use.", max_length=32)
     k: Optional[int] = Field(None, description="num_speculative_tokens in use; absent when off.")
     since: Optional[str] = Field(None, description="When this speculation was chosen (RFC 3339).", max_length=64)
-    reason: Optional[str] = Field(None, description="Why it was chosen.", max_length=1024)
+    reason: Optional[Redacted(1024)] = Field(None, description="Why it was chosen.", max_length=1024)
     config_hash: Optional[str] = Field(None, description="Hash of the rendered engine config.", max_length=64)
     live: Optional[bool] = Field(None, description="Whether every replica runs this config.")
     live_since: Optional[str] = Field(
@@ -922,7 +935,7 @@ class Recommendation(StatusModel):
     action: str = Field(description="hold, set_k, disable or enable.", max_length=32)
     enabled: bool = Field(description="Whether speculation should be on.")
     k: Optional[int] = Field(None, description="Recommended K.")
-    reason: str = Field("", description="Why, with numbers.", max_length=2048)
+    reason: Redacted(2048) = Field("", description="Why, with numbers.", max_length=2048)
     predicted_speedup: Optional[float] = Field(
         None, description="Predicted speed of the recommendation relative to the current config."
     )
@@ -937,7 +950,7 @@ class DecisionRecord(StatusModel):
     from_k: Optional[int] = Field(None, description="K before; absent when speculation was off.")
     to_k: Optional[int] = Field(None, description="K after; absent when speculation is off.")
     applied: bool = Field(True, description="False for Recommend mode: reported, not acted on.")
-    reason: str = Field("", description="Why, with numbers.", max_length=1024)
+    reason: Redacted(1024) = Field("", description="Why, with numbers.", max_length=1024)
     alpha: Optional[float] = Field(
         None, description="Acceptance measured on the config being left (remembered for re-probes)."
     )
@@ -958,7 +971,7 @@ class FailedConfig(StatusModel):
         description="Whether the cause is known. Known causes are not retried until the spec changes; "
         "unknown ones again after autotune.startupFailureRetry.",
     )
-    message: str = Field("", description="The log line that shows it.", max_length=2048)
+    message: Redacted(2048) = Field("", description="The log line that shows it.", max_length=2048)
     at: str = Field(description="When (RFC 3339).", max_length=64)
 
 

@@ -85,6 +85,10 @@ REASON_STARTUP_FAILURE = "StartupFailure"
 REASON_METRICS_OK = "MetricsFresh"
 REASON_METRICS_MISSING = "MetricsMissing"
 REASON_METRICS_STALE = "MetricsStale"
+# spec.metrics.prometheusUrl is outside the operator's allowedPrometheusUrls: never contacted.
+REASON_PROMETHEUS_URL_NOT_ALLOWED = "PrometheusURLNotAllowed"
+# A Secret named in spec.metrics.auth cannot be read from the service's namespace.
+REASON_PROMETHEUS_CREDENTIALS_UNAVAILABLE = "PrometheusCredentialsUnavailable"
 REASON_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
 
 # Event reasons.

@@ -10,6 +10,7 @@ replica.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -47,14 +48,12 @@ class Evaluator:
         settings: OperatorSettings,
         clock: Clock = utcnow,
         reader_factory: ReaderFactory = metrics.PrometheusReader,
-        operator_namespace: Optional[str] = None,
     ):
         self.kube = kube
         self.controller = controller
         self.settings = settings
         self.clock = clock
         self.reader_factory = reader_factory
-        self.operator_namespace = operator_namespace or os.environ.get("POD_NAMESPACE", "specdecode-system")
         self.log = logging.getLogger("specdecode.evaluator")
         self._reads: dict[tuple, _CachedRead] = {}
         self._reads_lock = threading.Lock()
@@ -95,7 +94,11 @@ class Evaluator:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status))
-        read = self._read(self._access_for(spec), evaluation.scopes_for(spec, settings), now.timestamp())
+        access = self._access_for(spec, namespace, now.timestamp())
+        if isinstance(access, metrics.MetricsUnavailable):
+            read: metrics.ReadResult = access  # refused before any request
+        else:
+            read = self._read(access, evaluation.scopes_for(spec, settings), now.timestamp())
         observed, window = evaluation.observations_for(
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
         )
@@ -147,7 +150,15 @@ class Evaluator:
             self._reads[key] = _CachedRead(at, covered, result)
         return result
 
-    def _access_for(self, spec: api.SpecDecodeServiceSpec) -> metrics.PrometheusAccess:
+    def _access_for(
+        self, spec: api.SpecDecodeServiceSpec, namespace: str, at: float
+    ) -> metrics.PrometheusAccess | metrics.MetricsUnavailable:
+        """How to reach the service's Prometheus, or why it must not be contacted.
+
+        The operator's own credentials go only to the operator's own Prometheus (no
+        prometheusUrl in spec). A spec's URL must be allowed by the platform
+        (allowed_prometheus_urls) and gets only credentials from the service's own namespace.
+        """
         m = spec.metrics
         if not m.prometheus_url:
             return metrics.PrometheusAccess(
@@ -155,24 +166,52 @@ class Evaluator:
                 bearer_token_file=self.settings.prometheus_bearer_token_file,
                 ca_bundle=self.settings.prometheus_ca_file,
             )
+        if not self.settings.allows_prometheus_url(m.prometheus_url):
+            return metrics.MetricsUnavailable(
+                C.REASON_PROMETHEUS_URL_NOT_ALLOWED,
+                f"spec.metrics.prometheusUrl {m.prometheus_url} is not allowed by this operator, so it "
+                "is not contacted. Fix: remove it (the operator's own Prometheus is used), or ask the "
+                "platform team to add its prefix to the operator setting "
+                "SPECDECODE_ALLOWED_PROMETHEUS_URLS (--allowed-prometheus-urls).",
+                at,
+            )
         auth = m.auth or api.PrometheusAuth()
-        token = self._secret_value(auth.bearer_token_secret) if auth.bearer_token_secret else None
-        ca_file = None
-        if auth.ca_secret:
-            ca_file = _pem_file(self._secret_value(auth.ca_secret))
+        try:
+            token = self._secret_value(namespace, auth.bearer_token_secret, "bearerTokenSecret")
+            ca_file = _pem_file(self._secret_value(namespace, auth.ca_secret, "caSecret"))
+        except _CredentialsUnavailable as err:
+            return metrics.MetricsUnavailable(C.REASON_PROMETHEUS_CREDENTIALS_UNAVAILABLE, str(err), at)
         return metrics.PrometheusAccess(url=m.prometheus_url, bearer_token=token, ca_bundle=ca_file, headers=dict(auth.headers))
 
-    def _secret_value(self, ref: api.SecretKeyRef) -> Optional[str]:
-        """A key of a Secret in the operator's namespace (credentials never live in a spec)."""
-        import base64
-
-        try:
-            secret = self.kube.core.read_namespaced_secret(ref.name, self.operator_namespace)
-        except ApiException as err:
-            self.log.warning("cannot read secret %s/%s: %s", self.operator_namespace, ref.name, err.reason)
+    def _secret_value(self, namespace: str, ref: Optional[api.SecretKeyRef], field: str) -> Optional[str]:
+        """A key of a Secret in the service's own namespace: a tenant names only its own
+        credentials, never the operator's."""
+        if ref is None:
             return None
+        where = f"spec.metrics.auth.{field} (Secret {namespace}/{ref.name}, key {ref.key})"
+        try:
+            secret = self.kube.core.read_namespaced_secret(ref.name, namespace)
+        except ApiException as err:
+            if err.status == 403:
+                raise _CredentialsUnavailable(
+                    f"{where} cannot be read: the operator has no access to Secrets in namespace "
+                    f"{namespace}. Fix: bind the ClusterRole specdecode-operator-tenant-credentials "
+                    f"to the operator's service account with a RoleBinding in {namespace} "
+                    "(README: Security)."
+                ) from None
+            if err.status == 404:
+                raise _CredentialsUnavailable(
+                    f"{where} does not exist. Fix: create the Secret in {namespace} or correct the reference."
+                ) from None
+            raise _CredentialsUnavailable(f"{where} cannot be read (HTTP {err.status}); retrying.") from None
         data = (secret.data or {}).get(ref.key)
-        return base64.b64decode(data).decode() if data else None
+        if not data:
+            raise _CredentialsUnavailable(f"{where} has no such key. Fix: correct spec.metrics.auth.{field}.key.")
+        return base64.b64decode(data).decode()
+
+
+class _CredentialsUnavailable(Exception):
+    """A Secret named in spec.metrics.auth cannot be used; the message names field and fix."""
 
 
 def _access_key(access: metrics.PrometheusAccess) -> tuple:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 from . import api
 from . import constants as C
 from . import vllm_support as vs
+from .redaction import redact
 
 # A line shown to a user or written to status: long enough for vLLM's longest message,
 # short enough for FailedConfig.message (2048) and an Event.
@@ -110,6 +111,10 @@ class Diagnosis:
     line: str = ""
     line_number: Optional[int] = None  # 1-based, in the text given to classify_log
     speculation_related: bool = False
+
+    def __post_init__(self) -> None:
+        # The line is quoted from a pod's log or termination message into status and Events.
+        object.__setattr__(self, "line", redact(self.line))
 
     @property
     def classified(self) -> bool:

@@ -22,6 +22,7 @@ from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from . import constants as C
 from .instrumentation import API_WRITES
+from .redaction import redact
 
 # Managers whose writes to our children are expected and not drift.
 EXPECTED_MANAGERS = frozenset({C.FIELD_MANAGER, "kube-controller-manager"})
@@ -163,7 +164,7 @@ class Kube:
             ),
             type=type_,
             reason=reason,
-            message=message[:1024],
+            message=redact(message)[:1024],
             source=client.V1EventSource(component=C.OPERATOR_NAME),
             reporting_component=C.OPERATOR_NAME,
             reporting_instance=C.OPERATOR_NAME,

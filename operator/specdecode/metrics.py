@@ -766,8 +766,15 @@ def _default_connect(access: PrometheusAccess) -> Any:
     )
 
 
+_HTTP_STATUS = re.compile(r"HTTP Status Code (\d{3})")
+
+
 def describe_failure(err: BaseException, url: str) -> str:
-    """One line saying why Prometheus did not answer (no tokens or headers in it)."""
+    """One line saying why Prometheus did not answer: a classified cause and the HTTP status.
+
+    Never the answer's body nor the exception's text: the URL may be a tenant's, and whatever
+    it answered would be reflected into status and Events, which the tenant can read (a
+    server-side request forgery relay). No tokens or headers either."""
     import requests
     from prometheus_api_client.exceptions import PrometheusApiClientException
 
@@ -778,11 +785,26 @@ def describe_failure(err: BaseException, url: str) -> str:
     if isinstance(err, requests.exceptions.ConnectionError):
         return f"Prometheus at {url} is unreachable (connection failed)"
     if isinstance(err, PrometheusApiClientException):
-        text = str(err)
-        return f"Prometheus at {url} answered with an error: {text[:200]}"
+        found = _HTTP_STATUS.search(str(err))
+        if found is None:
+            return f"Prometheus at {url} answered with an error"
+        code = int(found.group(1))
+        if code in (401, 403):
+            cause = "refused the credentials (check spec.metrics.auth)"
+        elif code == 404:
+            cause = "has no Prometheus query API at this URL (check spec.metrics.prometheusUrl)"
+        elif code in (400, 422):
+            cause = "rejected a query"
+        elif code == 429:
+            cause = "is rate limiting the operator"
+        elif code >= 500:
+            cause = "failed on its side"
+        else:
+            cause = "answered with an error"
+        return f"Prometheus at {url} {cause} (HTTP {code})"
     if isinstance(err, PrometheusQueryError):
-        return f"Prometheus at {url} sent a malformed answer: {str(err)[:200]}"
-    return f"Prometheus at {url} failed: {type(err).__name__}: {str(err)[:200]}"
+        return f"Prometheus at {url} sent an answer that is not a Prometheus vector"
+    return f"Prometheus at {url} failed: {type(err).__name__}"
 
 
 class PrometheusReader:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from typing import Literal, Optional
 
-from pydantic import BaseModel, Field, ValidationError
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 ENV_PREFIX = "SPECDECODE_"
 
@@ -25,6 +27,12 @@ class OperatorSettings(BaseModel):
         None, description="File holding a bearer token for the default Prometheus."
     )
     prometheus_ca_file: Optional[str] = Field(None, description="CA bundle (PEM) for the default Prometheus.")
+    allowed_prometheus_urls: list[str] = Field(
+        default_factory=list,
+        description="URL prefixes a SpecDecodeService may name in spec.metrics.prometheusUrl "
+        "(comma-separated in the environment). Empty: only prometheus_url itself. A spec URL "
+        "outside them is never contacted (MetricsAvailable=False, PrometheusURLNotAllowed).",
+    )
     namespaces: list[str] = Field(
         default_factory=list,
         description="Namespaces to watch (comma-separated in the environment); empty watches the whole cluster.",
@@ -51,6 +59,34 @@ class OperatorSettings(BaseModel):
     )
     standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
 
+    @field_validator("allowed_prometheus_urls")
+    @classmethod
+    def _prefixes_are_urls(cls, prefixes: list[str]) -> list[str]:
+        for prefix in prefixes:
+            if _url_parts(prefix) is None:
+                raise ValueError(
+                    f"{prefix!r} is not an http(s) URL prefix with a host and no credentials, query "
+                    "or '..' (for example http://thanos-query.monitoring.svc:9090)"
+                )
+        return prefixes
+
+    def allows_prometheus_url(self, url: str) -> bool:
+        """Whether a spec may name ``url``: the operator's own Prometheus, or under one of
+        allowed_prometheus_urls. Compared parsed (scheme, host, port, then whole path
+        segments), so ``http://prom.x`` allows ``http://prom.x/api`` but not
+        ``http://prom.x.evil.com`` nor ``http://prom.x@evil.com``."""
+        wanted = _url_parts(url)
+        if wanted is None:
+            return False
+        for prefix in (self.prometheus_url, *self.allowed_prometheus_urls):
+            allowed = _url_parts(prefix)
+            if allowed is None or allowed[:3] != wanted[:3]:
+                continue
+            path = allowed[3]
+            if path == "" or wanted[3] == path or wanted[3].startswith(path + "/"):
+                return True
+        return False
+
     @classmethod
     def from_environment(cls, overrides: dict | None = None, environ: dict | None = None) -> "OperatorSettings":
         """Settings from SPECDECODE_* variables, then explicit overrides (command-line flags)."""
@@ -60,7 +96,7 @@ class OperatorSettings(BaseModel):
             raw = environ.get(ENV_PREFIX + name.upper())
             if raw is None:
                 continue
-            if name == "namespaces":
+            if name in ("namespaces", "allowed_prometheus_urls"):
                 values[name] = [n.strip() for n in raw.split(",") if n.strip()]
             elif field.annotation is bool:
                 values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
@@ -68,6 +104,29 @@ class OperatorSettings(BaseModel):
                 values[name] = raw
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.model_validate(values)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _url_parts(url: str) -> Optional[tuple[str, str, int, str]]:
+    """(scheme, host, port, path without trailing slash) of an http(s) URL, or None when the
+    URL carries what a prefix comparison cannot vouch for: credentials, a query, a fragment,
+    dot segments, or no host."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        return None
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        return None
+    path = unquote(parts.path)
+    if any(segment in (".", "..") for segment in path.split("/")) or "\\" in path:
+        return None
+    return scheme, parts.hostname.lower().rstrip("."), port or _DEFAULT_PORTS[scheme], path.rstrip("/")
 
 
 class SettingsError(ValueError):

@@ -354,7 +354,9 @@ class TestReader:
         [
             (requests.exceptions.ConnectionError("refused"), "unreachable"),
             (requests.exceptions.ReadTimeout("slow"), "timed out"),
-            (PrometheusApiClientException("HTTP Status Code 503 (b'down')"), "error"),
+            (PrometheusApiClientException("HTTP Status Code 503 (b'down')"), "failed on its side (HTTP 503)"),
+            (PrometheusApiClientException("HTTP Status Code 401 (b'no')"), "refused the credentials (check spec.metrics.auth) (HTTP 401)"),
+            (PrometheusApiClientException("HTTP Status Code 404 (b'no')"), "(HTTP 404)"),
             (ValueError("Expecting value: line 1"), "failed"),
         ],
     )
@@ -369,7 +371,30 @@ class TestReader:
         client = FakeClient({"drafts": [{"metric": {}, "value": ["x"]}]})
         reader = PrometheusReader(PrometheusAccess("http://prom"), connect=lambda _: client)
         result = reader.read([QueryScope.of(100)], at=1000.0)
-        assert isinstance(result, MetricsUnavailable) and "malformed" in result.message
+        assert isinstance(result, MetricsUnavailable) and "not a Prometheus vector" in result.message
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            PrometheusApiClientException("HTTP Status Code 500 (b'internal: admin-password=hunter2 at 10.0.0.7')"),
+            PrometheusApiClientException("weird answer admin-password=hunter2 at 10.0.0.7"),
+            ValueError("Expecting value: admin-password=hunter2 at 10.0.0.7"),
+            KeyError("admin-password=hunter2 at 10.0.0.7"),
+        ],
+    )
+    def test_the_answer_of_a_failing_endpoint_is_never_reflected(self, error):
+        """A spec's URL may point at any internal service: what it answers must not reach
+        status (the tenant reads it), only a classified cause and the HTTP status."""
+        reader = PrometheusReader(PrometheusAccess("http://internal"), connect=lambda _: FakeClient(error=error))
+        result = reader.read([QueryScope.of(100)], at=1000.0)
+        assert isinstance(result, MetricsUnavailable)
+        assert "hunter2" not in result.message and "10.0.0.7" not in result.message
+        assert "internal" in result.message
+
+    def test_a_malformed_answer_is_not_reflected(self):
+        client = FakeClient({"drafts": [{"metric": {"leak": "hunter2"}, "value": ["x"]}]})
+        result = PrometheusReader(PrometheusAccess("http://prom"), connect=lambda _: client).read([QueryScope.of(100)], at=1000.0)
+        assert isinstance(result, MetricsUnavailable) and "hunter2" not in result.message
 
     def test_nan_and_inf_strings_parse(self):
         parsed = metrics.parse_vector(

@@ -22,6 +22,9 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
                    help="watch only this namespace (repeatable); default: the whole cluster")
     p.add_argument("--prometheus-url", help="default Prometheus API base URL")
+    p.add_argument("--allowed-prometheus-urls", type=_comma_list, metavar="URL[,URL...]",
+                   help="URL prefixes a service may name in spec.metrics.prometheusUrl "
+                   "(default: only --prometheus-url)")
     p.add_argument("--reconcile-interval", type=float, help="seconds between level-triggered reconciles")
     p.add_argument("--evaluation-tick", type=float, help="seconds between evaluator passes")
     p.add_argument("--log-format", choices=["text", "json"], help="log format (json for production)")
@@ -32,6 +35,10 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peering-name", help="ClusterKopfPeering object name")
     p.add_argument("--standalone", action="store_true", default=None, help="run without peering")
     p.set_defaults(func=run_operator)
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -46,10 +53,11 @@ def run_operator(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from .. import settings as settings_module
+    from ..redaction import install_log_redaction
 
     overrides = {
         k: getattr(args, k)
-        for k in ("namespaces", "prometheus_url", "reconcile_interval", "evaluation_tick", "log_format",
+        for k in ("namespaces", "prometheus_url", "allowed_prometheus_urls", "reconcile_interval", "evaluation_tick", "log_format",
                   "log_level", "liveness_port", "metrics_port", "peering_name", "standalone", "model_cache_root")
     }
     try:
@@ -70,6 +78,9 @@ def run_operator(args: argparse.Namespace) -> int:
     # The metrics reader reports an unreachable Prometheus once per evaluation, in status and
     # in its own log line; urllib3's per-query retry warnings would repeat it twenty times.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    # Log lines quote pod logs, exception texts and HTTP answers: redact them on every
+    # handler (the console's and kopf's event poster) before they are written or posted.
+    install_log_redaction()
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     importlib.import_module("specdecode.handlers")  # registers the handlers with kopf
