@@ -30,7 +30,8 @@ class OperatorSettings(BaseModel):
     allowed_prometheus_urls: list[str] = Field(
         default_factory=list,
         description="URL prefixes a SpecDecodeService may name in spec.metrics.prometheusUrl "
-        "(comma-separated in the environment). Empty: only prometheus_url itself. A spec URL "
+        "(comma-separated in the environment; `http://host:*` allows every port of host). "
+        "Empty: only prometheus_url itself. A spec URL "
         "outside them is never contacted (MetricsAvailable=False, PrometheusURLNotAllowed).",
     )
     namespaces: list[str] = Field(
@@ -63,7 +64,7 @@ class OperatorSettings(BaseModel):
     @classmethod
     def _prefixes_are_urls(cls, prefixes: list[str]) -> list[str]:
         for prefix in prefixes:
-            if _url_parts(prefix) is None:
+            if _url_parts(prefix, prefix=True) is None:
                 raise ValueError(
                     f"{prefix!r} is not an http(s) URL prefix with a host and no credentials, query "
                     "or '..' (for example http://thanos-query.monitoring.svc:9090)"
@@ -79,8 +80,8 @@ class OperatorSettings(BaseModel):
         if wanted is None:
             return False
         for prefix in (self.prometheus_url, *self.allowed_prometheus_urls):
-            allowed = _url_parts(prefix)
-            if allowed is None or allowed[:3] != wanted[:3]:
+            allowed = _url_parts(prefix, prefix=True)
+            if allowed is None or allowed[:2] != wanted[:2] or allowed[2] not in (ANY_PORT, wanted[2]):
                 continue
             path = allowed[3]
             if path == "" or wanted[3] == path or wanted[3].startswith(path + "/"):
@@ -107,14 +108,23 @@ class OperatorSettings(BaseModel):
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+ANY_PORT = -1  # an allowlist entry `http://host:*`: every port of that host
 
 
-def _url_parts(url: str) -> Optional[tuple[str, str, int, str]]:
+def _url_parts(url: str, *, prefix: bool = False) -> Optional[tuple[str, str, int, str]]:
     """(scheme, host, port, path without trailing slash) of an http(s) URL, or None when the
     URL carries what a prefix comparison cannot vouch for: credentials, a query, a fragment,
-    dot segments, or no host."""
+    dot segments, or no host. A `prefix` may give its port as `*` (any port)."""
+    url = url.strip()
+    any_port = False
+    if prefix:
+        head, sep, tail = url.partition("://")
+        netloc, slash, rest = tail.partition("/")
+        if sep and netloc.endswith(":*"):
+            any_port = True
+            url = f"{head}://{netloc[:-2]}{slash}{rest}"
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(url)
         port = parts.port
     except ValueError:
         return None
@@ -126,7 +136,8 @@ def _url_parts(url: str) -> Optional[tuple[str, str, int, str]]:
     path = unquote(parts.path)
     if any(segment in (".", "..") for segment in path.split("/")) or "\\" in path:
         return None
-    return scheme, parts.hostname.lower().rstrip("."), port or _DEFAULT_PORTS[scheme], path.rstrip("/")
+    port = ANY_PORT if any_port else port or _DEFAULT_PORTS[scheme]
+    return scheme, parts.hostname.lower().rstrip("."), port, path.rstrip("/")
 
 
 class SettingsError(ValueError):

@@ -34,6 +34,10 @@ EVALUATION_TICK_S = 1.0
 # evaluations hold with MetricsAvailable=False. Closed-loop tests point each service at a
 # Prometheus of their own through spec.metrics.prometheusUrl.
 NO_PROMETHEUS = "http://127.0.0.1:9"
+# The tests' Prometheus servers listen on 127.0.0.1 at ports chosen at run time: the platform
+# (here, the test) allows every port of that one address, and nothing else.
+ALLOWED_PROMETHEUS = "http://127.0.0.1:*"
+ALLOW_LOCAL_PROMETHEUS = ("--allowed-prometheus-urls", ALLOWED_PROMETHEUS)
 
 
 def kubectl(cluster: ClusterInfo, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -91,7 +95,8 @@ def start_operator(cluster: ClusterInfo, workdir: Path) -> RunningOperator:
     (workdir / "model-cache").mkdir(exist_ok=True)
     process = stack.start_operator(prometheus_url=NO_PROMETHEUS, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                    evaluation_tick_s=EVALUATION_TICK_S,
-                                   extra_args=("--model-cache-root", str(workdir / "model-cache")))
+                                   extra_args=("--model-cache-root", str(workdir / "model-cache"),
+                                               *ALLOW_LOCAL_PROMETHEUS))
     return RunningOperator(stack, process, cluster, workdir)
 
 

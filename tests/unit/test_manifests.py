@@ -26,7 +26,7 @@ from .conftest import KUBERNETES_SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
-OVERLAYS = ["default", "prometheus-operator"]
+OVERLAYS = ["default", "prometheus-operator", "namespaced"]
 THIRD_PARTY_PO = MANIFESTS / "third_party" / "prometheus-operator"
 PROMETHEUS_RULE = MANIFESTS / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
 DASHBOARD = MANIFESTS / "overlays" / "prometheus-operator" / "dashboards" / "specdecode.json"
@@ -81,6 +81,8 @@ def find(objects, kind: str, name: str | None = None) -> dict:
 def crd_documents() -> list[dict]:
     """Every CRD the install knows: ours (base) and the pinned Prometheus Operator ones."""
     crds = [o for o in kustomize("base") if o["kind"] == "CustomResourceDefinition"]
+    crds += [o for o in kustomize("overlays/namespaced")
+             if o["kind"] == "CustomResourceDefinition" and o["metadata"]["name"] == "kopfpeerings.kopf.dev"]
     crds += [o for o in kustomize("third_party/prometheus-operator")]
     return crds
 
@@ -162,8 +164,9 @@ def pyproject_version() -> str:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_builds(overlay):
     kinds = {o["kind"] for o in kustomize(f"overlays/{overlay}")}
+    peering = "KopfPeering" if overlay == "namespaced" else "ClusterKopfPeering"
     assert {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-            "ClusterKopfPeering", "Deployment", "Service", "NetworkPolicy"} <= kinds
+            peering, "Deployment", "Service", "NetworkPolicy"} <= kinds
     if overlay == "prometheus-operator":
         assert {"ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
 
@@ -237,8 +240,8 @@ def operator_deployment(overlay: str = "default") -> dict:
     return find(kustomize(f"overlays/{overlay}"), "Deployment", C.OPERATOR_NAME)
 
 
-def operator_container() -> dict:
-    (container,) = operator_deployment()["spec"]["template"]["spec"]["containers"]
+def operator_container(overlay: str = "default") -> dict:
+    (container,) = operator_deployment(overlay)["spec"]["template"]["spec"]["containers"]
     return container
 
 
@@ -304,6 +307,70 @@ def test_runs_as_the_account_the_rbac_binds():
     role = find(objects, "ClusterRole", binding["roleRef"]["name"])
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "*"}
+OPERATOR_ACCOUNT = {"kind": "ServiceAccount", "name": C.OPERATOR_NAME, "namespace": OPERATOR_NAMESPACE}
+
+
+def _granted(objects, binding_kind: str) -> list[tuple[dict, dict]]:
+    """(binding, role rules' owner) for every binding of `binding_kind` naming the operator."""
+    out = []
+    for binding in (o for o in objects if o["kind"] == binding_kind):
+        if OPERATOR_ACCOUNT in binding.get("subjects", []):
+            out.append((binding, find(objects, binding["roleRef"]["kind"], binding["roleRef"]["name"])))
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_of_any_namespace_is_readable_by_default(overlay):
+    """Tenant credentials are granted per namespace by the platform
+    (manifests/examples/tenant-credentials-rolebinding.yaml), never by the install."""
+    objects = kustomize(f"overlays/{overlay}")
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for binding, role in _granted(objects, kind):
+            for rule in role["rules"]:
+                assert "secrets" not in rule["resources"], f"{kind} {binding['metadata']['name']} grants secrets"
+    assert not [o for o in objects if o["kind"] == "Role"]
+
+
+def test_tenant_credentials_example_binds_get_secrets_in_one_namespace():
+    (binding,) = yaml.safe_load_all((MANIFESTS / "examples" / "tenant-credentials-rolebinding.yaml").read_text())
+    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"]
+    assert OPERATOR_ACCOUNT in binding["subjects"]
+    role = find(kustomize("base"), "ClusterRole", binding["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+
+
+def test_namespaced_install_writes_only_where_it_watches():
+    objects = kustomize("overlays/namespaced")
+    env = {e["name"]: e["value"] for e in operator_container("namespaced")["env"]}
+    settings = OperatorSettings.from_environment(environ=env)
+    assert settings.namespaces, "the namespaced overlay must list the namespaces it watches"
+    # Cluster-wide: read only.
+    for binding, role in _granted(objects, "ClusterRoleBinding"):
+        for rule in role["rules"]:
+            assert not set(rule["verbs"]) & WRITE_VERBS, f"{binding['metadata']['name']}: cluster-wide {rule}"
+    # Each watched namespace: the operator's rights and kopf's peering object, nowhere else.
+    bound = {b["metadata"]["namespace"]: role for b, role in _granted(objects, "RoleBinding")}
+    assert set(bound) == set(settings.namespaces)
+    peerings = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "KopfPeering"}
+    assert peerings == {(ns, settings.peering_name) for ns in settings.namespaces}
+    assert not [o for o in objects if o["kind"] == "ClusterKopfPeering"]
+    # The same namespaced rights as the cluster-wide install, so both run the same operator.
+    cluster_rules = find(kustomize("base"), "ClusterRole", C.OPERATOR_NAME)["rules"]
+    cluster_scoped = {"clusterkopfpeerings", "customresourcedefinitions", "namespaces"}
+    expected = [r for r in cluster_rules if not set(r["resources"]) & cluster_scoped]
+    expected.append({"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["get", "list", "watch", "patch"]})
+    for role in bound.values():
+        assert role["rules"] == expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_spec_urls_are_refused_unless_the_platform_allows_them(overlay):
+    env = {e["name"]: e["value"] for e in operator_container(overlay)["env"]}
+    assert env["SPECDECODE_ALLOWED_PROMETHEUS_URLS"] == ""
+    assert OperatorSettings.from_environment(environ=env).allowed_prometheus_urls == []
 
 
 def test_image_is_this_version():

@@ -52,6 +52,21 @@ def test_allowed_prometheus_urls_match_parsed_prefixes(url, allowed):
     assert got.allows_prometheus_url(url) is allowed
 
 
+@pytest.mark.parametrize(
+    "url, allowed",
+    [
+        ("http://127.0.0.1:9090", True),
+        ("http://127.0.0.1:1/api", True),
+        ("http://127.0.0.1", True),
+        ("https://127.0.0.1:9090", False),
+        ("http://127.0.0.2:9090", False),
+        ("http://127.0.0.1.evil.com:9090", False),
+    ],
+)
+def test_a_prefix_may_allow_every_port_of_one_host(url, allowed):
+    assert _settings("http://127.0.0.1:*").allows_prometheus_url(url) is allowed
+
+
 def test_by_default_only_the_operators_own_prometheus():
     assert _settings().allows_prometheus_url(OWN + "/")
     assert not _settings().allows_prometheus_url("http://thanos.monitoring.svc:10902")
