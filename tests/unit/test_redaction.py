@@ -157,3 +157,13 @@ def test_log_records_are_redacted_on_every_handler():
     written = stream.getvalue()
     assert "pod said" in written and "RuntimeError" in written
     assert SECRET not in written
+
+
+def test_kopfs_event_poster_redacts_too():
+    """kopf posts handler warnings as Events through a log handler of its own."""
+    from kopf._core.engines.posting import K8sPoster
+
+    install_log_redaction()
+    posters = [h for h in logging.getLogger("kopf.objects").handlers if isinstance(h, K8sPoster)]
+    assert posters
+    assert all(any(isinstance(f, RedactingFilter) for f in h.filters) for h in posters)
