@@ -125,6 +125,36 @@ def test_prometheus_operator_overlay_installs_with_the_pinned_crds(installed):
     no_drift(cluster, "overlays/prometheus-operator")
 
 
+def test_namespaced_overlay_installs_as_the_readme_says(installed):
+    """The namespaced install: kopf's namespaced peering CRD first, then the overlay, which
+    binds the operator in its watched namespace (team-a, which must exist) and nowhere else."""
+    cluster = installed
+    if kubectl(cluster, "get", "namespace", "team-a", check=False).returncode != 0:
+        kubectl(cluster, "create", "namespace", "team-a")
+    apply(cluster, "crds")
+    wait_established(cluster, OUR_CRDS)
+    kubectl(cluster, "apply", "--server-side", "-f", str(MANIFESTS / "overlays" / "namespaced" / "kopf-peering.yaml"))
+    wait_established(cluster, ["kopfpeerings.kopf.dev"])
+    try:
+        output = apply(cluster, "overlays/namespaced")
+        assert "rolebinding.rbac.authorization.k8s.io/specdecode-operator serverside-applied" in output, output
+        get(cluster, "kopfpeering", "specdecode-operator", "-n", "team-a")
+        binding = get(cluster, "rolebinding", "specdecode-operator", "-n", "team-a")
+        assert binding["roleRef"]["name"] == "specdecode-operator-namespaced"
+        deployment = get(cluster, "deployment", "specdecode-operator", "-n", NAMESPACE)
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["SPECDECODE_NAMESPACES"] == "team-a"
+        no_drift(cluster, "overlays/namespaced")
+    finally:
+        # The session's operator runs cluster-wide under the base RBAC: take back what only
+        # this overlay added.
+        for args in (("rolebinding", "specdecode-operator", "-n", "team-a"),
+                     ("clusterrolebinding", "specdecode-operator-discovery"),
+                     ("clusterrole", "specdecode-operator-discovery"),
+                     ("clusterrole", "specdecode-operator-namespaced")):
+            kubectl(cluster, "delete", "--ignore-not-found", *args, check=False)
+
+
 def test_the_crds_kustomization_matches_the_overlays(installed):
     """What `manifests/crds` installs is what the overlays carry: applying an overlay after it
     changes no CRD."""
