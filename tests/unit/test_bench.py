@@ -156,7 +156,11 @@ def test_bench_policy_command_writes_json_csv_and_png(tmp_path, capsys):
     assert set(data["scenarios"][0]["strategies"]) == {"policy", "oracle", "off", *(f"K={k}" for k in range(1, 9))}
     summary = data["summary"]
     assert summary["best_single_static"] in data["scenarios"][0]["strategies"]
-    assert data["scenarios"][0]["best_static"] == summary["best_single_static"]
+    scenario = data["scenarios"][0]
+    assert scenario["best_static"] == summary["best_single_static"]
+    margin = scenario["strategies"]["policy"]["score"] - scenario["strategies"][scenario["best_static"]]["score"]
+    assert scenario["policy_margin_over_best_static"] == pytest.approx(margin)
+    assert summary["policy_margin_over_best_single_static"] == pytest.approx(margin)
     assert (out / "bench-policy.csv").read_text().startswith("scenario,strategy,score")
     assert (out / "short.png").stat().st_size > 10_000
 

@@ -45,6 +45,10 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
             "method": result.method,
             "slo": result.slo,
             "best_static": result.best_static,
+            "policy_margin_over_best_static": (
+                result.strategies[POLICY].score - result.strategies[result.best_static].score
+            ),
+            "day_long_stationary": result.day_long_stationary,
             "oracle_source": result.oracle_source,
             "strategies": {name: asdict(f) for name, f in result.strategies.items()},
             "phases": result.phases,
