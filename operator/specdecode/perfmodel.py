@@ -172,6 +172,19 @@ class EngineParams:
     spec_overhead_s: float = 0.3e-3
     """Fixed cost per step whenever speculation is on (rejection sampler, metadata)."""
 
+    # --- measured step times (a truth that is not this model's straight line) ---
+    step_table: str = ""
+    """A shipped step-time table (``h200-llama8b-1b``; see `steptime`): when set, a step
+    costs the table's interpolated target forward of K+1 tokens per sequence, plus K draft
+    forwards (the first of 2 tokens per sequence: the tokens accepted last step, then 1
+    each), times ``step_table_scale``, plus ``step_overhead_s`` (the host's per-step work)
+    and, when speculating, ``spec_overhead_s``. ``step_fixed_s``, ``per_batched_token_s``,
+    ``per_kv_token_s`` and ``draft_cost_ratio`` are then unused."""
+    step_table_scale: float = 1.0
+    """Multiplier on every table time (a slower or faster GPU than the table's)."""
+    step_table_draft_scale: float = 1.0
+    """Multiplier on the table's draft forwards (a costlier or cheaper draft)."""
+
     # --- acceptance ---
     temperature_sensitivity: float = 0.12
     """s in alpha_T = alpha_0 * (1 - s*T): acceptance lost per unit of temperature."""
@@ -233,6 +246,8 @@ class EngineParams:
             "tpot_cv",
             "rollout_s",
             "preemptions_per_request_max",
+            "step_table_scale",
+            "step_table_draft_scale",
         ):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -256,6 +271,18 @@ class EngineParams:
                 "model.draft_weight_tokens: the draft leaves no KV cache; "
                 "lower it below kv_capacity_tokens"
             )
+        if self.step_table:
+            from specdecode import steptable
+
+            try:
+                table = steptable.load(self.step_table)
+            except steptable.StepTableError as err:
+                raise EngineParamsError(str(err)) from None
+            if self.max_k + 1 > table.tokens[-1]:
+                raise EngineParamsError(
+                    f"model.max_k: the step table {self.step_table} measured up to "
+                    f"{table.tokens[-1]:g} tokens per sequence; set max_k <= {table.tokens[-1] - 1:g}"
+                )
         if not (isinstance(self.min_k, int) and isinstance(self.max_k, int)):
             raise EngineParamsError("model.min_k, model.max_k: must be integers")
         if not 1 <= self.min_k <= self.max_k:
@@ -394,14 +421,35 @@ def mean_accepted_length(alpha: float, k: int, decay: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class _StepCost:
-    """t = (fixed + per_seq * B) / (1 - per_prefill_token * prefill_tokens_per_s)."""
+    """t = (fixed + per_seq * B) / (1 - per_prefill_token * prefill_tokens_per_s); with a
+    step table the decode part is the piecewise-linear ``curve`` of (batch, seconds) instead
+    of ``fixed + per_seq * B`` (flat below its first point, extended beyond its last)."""
 
     fixed: float
     per_seq: float
     per_prefill_token: float
+    curve: tuple[tuple[float, float], ...] = ()
+
+    def decode(self, batch: float) -> float:
+        """Seconds of a decode step at ``batch`` sequences, no prefill."""
+        curve = self.curve
+        if not curve:
+            return self.fixed + self.per_seq * batch
+        if batch <= curve[0][0]:
+            return curve[0][1]
+        for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
+            if batch <= b1:
+                break
+        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
 
 
 def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
+    if params.step_table:
+        return _table_step_cost(
+            params.step_table, k, round(context_tokens, 1), params.step_table_scale,
+            params.step_table_draft_scale, params.step_overhead_s, params.spec_overhead_s,
+            params.proposer_cpu_s_per_seq,
+        )
     spec = k > 0
     c = params.draft_cost_ratio if spec else 0.0
     tau, kappa = params.per_batched_token_s, params.per_kv_token_s
@@ -412,6 +460,41 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
     if spec:
         per_seq += params.proposer_cpu_s_per_seq
     return _StepCost(fixed=fixed, per_seq=per_seq, per_prefill_token=tau * (1 + c))
+
+
+@functools.lru_cache(maxsize=4096)
+def _table_step_cost(
+    name: str, k: int, context: float, scale: float, draft_scale: float, host_s: float,
+    spec_s: float, cpu_s_per_seq: float,
+) -> _StepCost:
+    """The measured step (`steptable`) at each of the table's batch sizes, in seconds.
+
+    Target: one forward of K+1 tokens per sequence. Draft (K > 0): K forwards, the first
+    over 2 tokens per sequence (the tokens accepted in the last step), the others over 1.
+    Prefill tokens cost the table's marginal per-token time at its largest batch.
+    """
+    from specdecode import steptable
+
+    table = steptable.load(name)
+    points = []
+    for b in table.batches:
+        ms = table.gpu_ms("target", b, k + 1, context)
+        if k > 0:
+            ms += draft_scale * (
+                table.gpu_ms("draft", b, 2, context) + (k - 1) * table.gpu_ms("draft", b, 1, context)
+            )
+        seconds = scale * ms / 1000.0 + host_s + (spec_s + cpu_s_per_seq * b if k > 0 else 0.0)
+        points.append((b, seconds))
+    big, tokens = table.batches[-1], table.tokens
+    span = big * (tokens[-1] - tokens[0])
+
+    def per_token(model: str) -> float:
+        hi = table.gpu_ms(model, big, tokens[-1], table.contexts[0])
+        lo = table.gpu_ms(model, big, tokens[0], table.contexts[0])
+        return (hi - lo) / span / 1000.0
+
+    prefill = scale * (per_token("target") + (draft_scale * per_token("draft") if k > 0 else 0.0))
+    return _StepCost(fixed=points[0][1], per_seq=0.0, per_prefill_token=prefill, curve=tuple(points))
 
 
 def step_time(
@@ -427,7 +510,7 @@ def step_time(
     the prompt tokens chunked into this step. k = 0 is a plain decode step.
     """
     cost = _step_cost(params, k, context_tokens)
-    return cost.fixed + cost.per_seq * batch + cost.per_prefill_token * prefill_tokens
+    return cost.decode(batch) + cost.per_prefill_token * prefill_tokens
 
 
 def kv_capacity(params: EngineParams, k: int) -> float:
@@ -555,7 +638,7 @@ def _solve(
     if lam_served > 0 and batch > 0:
         step = batch / (lam_served * n)
     else:
-        step = cost.fixed + cost.per_seq * batch
+        step = cost.decode(batch)
     return _Solved(
         batch=batch,
         step_time=step,
@@ -590,7 +673,7 @@ def _rate_function(
         else:
             prefill = prompt + preemptions(batch) * kv_per_seq
         return batch / (
-            n * (cost.fixed + cost.per_seq * batch) + batch * cost.per_prefill_token * prefill
+            n * cost.decode(batch) + batch * cost.per_prefill_token * prefill
         )
 
     return rate_for, preemptions
@@ -661,7 +744,7 @@ def steady_state(
 
     if n_rep <= 0:
         cost = _step_cost(params, k, context)
-        step = cost.fixed + cost.per_seq * batch_cap
+        step = cost.decode(batch_cap)
         return _saturated_nothing(params, workload, k, alpha, e, decay, step, batch_cap)
 
     lam = workload.request_rate / n_rep

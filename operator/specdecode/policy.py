@@ -105,7 +105,7 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdecode import constants, perfmodel
@@ -128,6 +128,51 @@ class Action(str, Enum):
     SET_K = "set_k"
     DISABLE = "disable"
     ENABLE = "enable"
+
+
+class Rule(StrEnum):
+    """The policy's rules: what decided (``Decision.rule``). One name for the policy, its
+    history, the status and the benchmark, which classifies outcomes by these members, never
+    by the words of a reason."""
+
+    MODE_OFF = "mode-off"
+    BOUNDS = "bounds"
+    METRICS = "metrics"
+    ROLLOUT = "rollout"
+    WARMUP = "warmup"
+    IDLE = "idle"
+    SAMPLES = "samples"
+    SLO_GUARD = "slo-guard"
+    COLLAPSE = "collapse"
+    FAST_FALLBACK = "fast-fallback"
+    PROBE_ABANDON = "probe-abandon"
+    FLOOR = "floor"
+    REPROBE = "reprobe"
+    HEDGE = "hedge"
+    TUNE = "tune"
+    HOLD = "hold"
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"
+
+
+FLOOR_RULES = frozenset({Rule.FLOOR, Rule.COLLAPSE})
+"""The acceptance floor on the long (floor) and the short (collapse) window: the user's hard
+rule, no restart price."""
+FALLBACK_RULES = frozenset({Rule.COLLAPSE, Rule.FLOOR, Rule.FAST_FALLBACK, Rule.SLO_GUARD})
+"""Rules that fall back from a collapse of acceptance."""
+PROBE_RULES = frozenset({Rule.REPROBE, Rule.PROBE_ABANDON})
+"""Exploration: a re-probe of a config and its abandonment."""
+
+
+class Held(StrEnum):
+    """Why a rule that wanted a change held instead (``Decision.held``)."""
+
+    OVERLOAD = "overload"
+    """The rollout would overload the replicas left serving and not repay itself."""
+    PRICE = "price"
+    """The restart makes the change slower than staying over the payback horizon."""
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,9 +536,8 @@ class Decision:
     enabled: bool
     k: int | None
     reason: str
-    rule: str
-    """Which rule decided: mode-off, bounds, metrics, rollout, warmup, idle, samples,
-    slo-guard, collapse, fast-fallback, probe-abandon, floor, reprobe, tune, hold."""
+    rule: Rule
+    """Which rule decided (cooldown and budget: a change held by them)."""
     applied: bool
     """True when the operator acts on it (Auto mode and a change)."""
     metrics_available: bool
@@ -507,6 +551,10 @@ class Decision:
     """The best acceptance the current config showed in this evaluation's windows (long and
     short): what history remembers of it."""
     step_scale: float | None = None
+    held: Held | None = None
+    """Why a rule that wanted a change held (None: it did not hold one back)."""
+    wanted: Rule | None = None
+    """The rule whose change was held (for cooldown and budget holds, the one that wanted it)."""
 
     @property
     def config(self) -> int:
@@ -1249,7 +1297,7 @@ def _decide(ctx: _Context) -> Decision:
             ctx,
             Action.HOLD,
             s.configured_k,
-            "mode-off",
+            Rule.MODE_OFF,
             f"autotune mode Off: running numSpeculativeTokens={s.configured_k} as declared; "
             "no decisions",
             metrics=_metrics_flags(ctx),
@@ -1279,14 +1327,14 @@ def _decide(ctx: _Context) -> Decision:
     if not long_ready:
         left = ready_at + s.window_s - ctx.now
         return _make(
-            ctx, Action.HOLD, state.k, "warmup",
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
             f"collecting the first full {_fmt_s(s.window_s)} window of {_label(ctx.current)} "
             f"after its warm-up ({_fmt_s(left)} left)",
             metrics=flags,
         )
     if obs_long is None or obs_long.idle:
         return _make(
-            ctx, Action.HOLD, state.k, "idle",
+            ctx, Action.HOLD, state.k, Rule.IDLE,
             f"no finished requests in the last {_fmt_s(s.window_s)}: nothing to judge "
             f"(idle is not a failure)",
             metrics=flags,
@@ -1313,7 +1361,7 @@ def _decide(ctx: _Context) -> Decision:
                     f"{est.draft_tokens:.0f} drafted tokens ({_fmt_s(s.window_s)} window); "
                     f"predicted {_summary(preds, (target, ctx.current))}"
                 )
-                return _change(ctx, target, "floor", reason, preds, flags, est, scale, guard=True)
+                return _change(ctx, target, Rule.FLOOR, reason, preds, flags, est, scale, guard=True)
 
     if not state.enabled:
         return _reprobe(ctx, est, calibration, scale, flags)
@@ -1343,14 +1391,14 @@ def _bounds_rule(ctx: _Context) -> Decision | None:
     if state.enabled and state.k is not None and not s.min_k <= state.k <= s.max_k:
         target = min(s.max_k, max(s.min_k, state.k))
         return _change(
-            ctx, target, "bounds",
+            ctx, target, Rule.BOUNDS,
             f"K={state.k} is outside the spec's bounds [{s.min_k}, {s.max_k}]: moving to K={target}",
             (), _metrics_flags(ctx), None, None, guard=True,
         )
     if not state.enabled and not s.allow_disable:
         target = min(s.max_k, max(s.min_k, s.configured_k))
         return _change(
-            ctx, target, "bounds",
+            ctx, target, Rule.BOUNDS,
             f"speculation is off but allowDisable is false: enabling at K={target}",
             (), _metrics_flags(ctx), None, None, guard=True,
         )
@@ -1385,20 +1433,20 @@ def _health(ctx: _Context) -> Decision | None:
     flags = _metrics_flags(ctx)
     if not observed.available:
         return _make(
-            ctx, Action.HOLD, state.k, "metrics",
+            ctx, Action.HOLD, state.k, Rule.METRICS,
             f"holding {_label(ctx.current)}: metrics unavailable ({observed.message})",
             metrics=flags,
         )
     if state.live_since is None:
         return _make(
-            ctx, Action.HOLD, state.k, "rollout",
+            ctx, Action.HOLD, state.k, Rule.ROLLOUT,
             f"rollout of {_label(ctx.current)} in progress: waiting for every replica to be Ready",
             metrics=flags,
         )
     ready_at = state.live_since + s.warmup_s
     if ctx.now < ready_at:
         return _make(
-            ctx, Action.HOLD, state.k, "warmup",
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
             f"{_label(ctx.current)} warming up ({_fmt_s(ready_at - ctx.now)} left): its metrics "
             "do not count yet",
             metrics=flags,
@@ -1411,17 +1459,17 @@ def _health(ctx: _Context) -> Decision | None:
                 "since it went live (is the PodMonitor scraping the pods?)"
             )
             return _make(
-                ctx, Action.HOLD, state.k, "metrics",
+                ctx, Action.HOLD, state.k, Rule.METRICS,
                 f"holding {_label(ctx.current)}: {message}",
                 metrics=(False, constants.REASON_METRICS_MISSING, message),
             )
         return _make(
-            ctx, Action.HOLD, state.k, "warmup",
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
             f"waiting for the first scrapes of {_label(ctx.current)}", metrics=flags,
         )
     if not flags[0]:
         return _make(
-            ctx, Action.HOLD, state.k, "metrics",
+            ctx, Action.HOLD, state.k, Rule.METRICS,
             f"holding {_label(ctx.current)}: {flags[2]}", metrics=flags,
         )
     return None
@@ -1447,7 +1495,7 @@ def _samples_hold(
     if not missing:
         return None
     return _make(
-        ctx, Action.HOLD, ctx.state.k, "samples",
+        ctx, Action.HOLD, ctx.state.k, Rule.SAMPLES,
         f"not enough samples in {_fmt_s(est.window_s)}: {', '.join(missing)}",
         metrics=flags,
     )
@@ -1541,8 +1589,8 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
                 f"speculation is the likely cause: predicted {_summary(preds, (target, current))}"
                 f", {_label(target)} P95 e2e {_fmt_s(_corrected(est.e2e_p95_s, cur.e2e_p95_s, preds[target].e2e_p95_s))}"
             )
-            decision = _change(ctx, target, "slo-guard", reason, preds, flags, est, scale, guard=True)
-            if decision.changes or decision.rule != "slo-guard":
+            decision = _change(ctx, target, Rule.SLO_GUARD, reason, preds, flags, est, scale, guard=True)
+            if decision.changes or decision.rule is not Rule.SLO_GUARD:
                 return decision
 
     # Acceptance collapse: confidently below the floor, and the model agrees.
@@ -1555,7 +1603,7 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
                     f"{est.draft_tokens:.0f} drafted tokens ({window} window); predicted "
                     f"{_summary(preds, (target, current))}"
                 )
-                decision = _change(ctx, target, "collapse", reason, preds, flags, est, scale, guard=True)
+                decision = _change(ctx, target, Rule.COLLAPSE, reason, preds, flags, est, scale, guard=True)
                 # A collapse held back (the change budget) does not end the evaluation:
                 # the later rules, the floor on the long window among them, still run.
                 if decision.changes:
@@ -1570,7 +1618,7 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
     if preds[target].score >= cur.score * (1 + margin) and _robust(
         ctx, calibration, est, current, target, margin=0.0
     ):
-        rule = "probe-abandon" if probing else "fast-fallback"
+        rule = Rule.PROBE_ABANDON if probing else Rule.FAST_FALLBACK
         what = "re-probe does not pay" if probing else "speculation hurts at this load"
         reason = (
             f"{what}: predicted {_summary(preds, (target, current))} at "
@@ -1678,17 +1726,17 @@ def _reprobe(
             never = ", acceptance never seen above the floor" if never_good else ""
             extra = f" (x{backoff} after {memory.failed_probes} failed probes{never})"
         return _make(
-            ctx, Action.HOLD, None, "hold",
+            ctx, Action.HOLD, None, Rule.HOLD,
             f"speculation off since {_fmt_s(ctx.now - off_since)} ago; re-probe in "
             f"{_fmt_s(wait)}{extra}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
     if best is None:
-        return _make(ctx, Action.HOLD, None, "hold", "no speculative config is allowed",
+        return _make(ctx, Action.HOLD, None, Rule.HOLD, "no speculative config is allowed",
                      metrics=flags, predictions=preds, est=est, scale=scale)
     if preds[best].score < preds[OFF].score * (1 + s.tuning.min_gain):
         return _make(
-            ctx, Action.HOLD, None, "hold",
+            ctx, Action.HOLD, None, Rule.HOLD,
             f"re-probe due, but even at alpha {alpha:.2f} speculation would not pay at "
             f"{est.request_rate:.2f} req/s: predicted {_summary(preds, (best, OFF))}",
             metrics=flags, predictions=preds, est=est, scale=scale,
@@ -1700,7 +1748,7 @@ def _reprobe(
     rollout_capacity = _rollout_capacity(calibration, est, (OFF, probe_k), s, alpha)
     if rollout_capacity is not None and high >= t.restart_max_rollout_load * rollout_capacity:
         return _make(
-            ctx, Action.HOLD, None, "hold",
+            ctx, Action.HOLD, None, Rule.HOLD,
             f"re-probe due, but at {high:.2f} req/s a probe's restarts (two if it fails) "
             f"would load the replicas left serving to {high / rollout_capacity:.0%} of the "
             f"{rollout_capacity:.1f} req/s they carry: waiting for a lower load",
@@ -1709,7 +1757,7 @@ def _reprobe(
     locked = _locked_in(ctx, calibration, est, preds, probe_k, high, alpha)
     if locked is not None:
         return _make(
-            ctx, Action.HOLD, None, "hold",
+            ctx, Action.HOLD, None, Rule.HOLD,
             f"re-probe due, but at {high:.2f} req/s {_label(probe_k)} would be locked in (a "
             f"restart needs the load below {locked.rollout_capacity_rps:.1f} req/s, and at its "
             f"capacity {_label(locked.target)} would be {_fmt_pct(locked.benefit)} faster): "
@@ -1724,7 +1772,7 @@ def _reprobe(
         f"re-probe after {_fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
         f"predicted {_fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
     )
-    return _change(ctx, probe_k, "reprobe", reason, preds, flags, est, scale, guard=False, alpha=alpha)
+    return _change(ctx, probe_k, Rule.REPROBE, reason, preds, flags, est, scale, guard=False, alpha=alpha)
 
 
 def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
@@ -1792,7 +1840,7 @@ def _tune(
     hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
     if hedge is not None:
         reason = f"capacity hedge: {_describe_hedge(hedge, low)}"
-        return _change(ctx, hedge.target, "hedge", reason, preds, flags, est, scale, guard=False)
+        return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
     # The best config that does not walk into the hedge zone (checked lazily, best first).
     ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
     wanted, locked = ranked[0], None
@@ -1808,7 +1856,7 @@ def _tune(
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
         h = locked
         return _make(
-            ctx, Action.HOLD, ctx.state.k, "hold",
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
             f"{_label(wanted)} predicted {_fmt_x(preds[wanted].speedup)}, but at "
             f"{high:.2f} req/s it would be locked in (a restart needs the load below "
             f"{h.rollout_capacity_rps:.1f} req/s, and at its capacity {_label(h.target)} "
@@ -1819,13 +1867,13 @@ def _tune(
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = _summary(preds, (current, runner) if runner is not None else (current,))
         return _make(
-            ctx, Action.HOLD, ctx.state.k, "hold",
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
             f"{_label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
         return _make(
-            ctx, Action.HOLD, ctx.state.k, "hold",
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
             f"{_label(best)} predicted {_fmt_x(preds[best].speedup)} but not at every corner of "
             f"the confidence box; keeping {_label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
@@ -1833,14 +1881,14 @@ def _tune(
     low = _reversion_loss(ctx, calibration, est, current, best)
     if low is not None:
         return _make(
-            ctx, Action.HOLD, ctx.state.k, "hold",
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
             f"{_label(best)} predicted {_fmt_x(preds[best].speedup)}, but acceptance was "
             f"{low:.2f} within the last hour and, should it return there, {_label(best)} "
             f"loses more than it gains now; keeping {_label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
     reason = f"predicted {_summary(preds, (best, current))} {context}"
-    return _change(ctx, best, "tune", reason, preds, flags, est, scale, guard=False)
+    return _change(ctx, best, Rule.TUNE, reason, preds, flags, est, scale, guard=False)
 
 
 # --- assembling decisions ------------------------------------------------------------------
@@ -1849,7 +1897,7 @@ def _tune(
 def _change(
     ctx: _Context,
     target: int,
-    rule: str,
+    rule: Rule,
     reason: str,
     preds: Mapping[int, ConfigPrediction] | Sequence[ConfigPrediction],
     flags: tuple[bool, str, str],
@@ -1872,7 +1920,7 @@ def _change(
     # the replicas left serving and that does not repay itself. Low acceptance costs some
     # speed; minutes of a queue on one replica cost every request of those minutes. The floor
     # then waits for the load to allow a restart.
-    if rule in ("floor", "collapse") and est is not None:
+    if rule in FLOOR_RULES and est is not None:
         calibration, _ = _calibrate(ctx, est)
         _, high = _window_rates(ctx, est)
         capacity = _rollout_capacity(calibration, est, (current, target), s)
@@ -1896,6 +1944,8 @@ def _change(
                 # says of K vs off: the condition says so, and why nothing changes.
                 return replace(
                     decision,
+                    held=Held.OVERLOAD,
+                    wanted=rule,
                     speculation_effective=False,
                     effective_reason=constants.REASON_ACCEPTANCE_BELOW_FLOOR,
                     effective_message=held,
@@ -1906,7 +1956,7 @@ def _change(
     # (the user's hard rule, rules "floor" and "collapse", held back only by an overloading
     # rollout, above) and hedges (priced by hedge_outlook against a rising load).
     if (
-        rule not in ("bounds", "floor", "collapse", "hedge")
+        rule not in FLOOR_RULES | {Rule.BOUNDS, Rule.HEDGE}
         and est is not None
         and current in pred_map
         and target in pred_map
@@ -1915,38 +1965,39 @@ def _change(
         horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
         outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
         if not outlook.pays(t.min_switch_saving):
-            return _make(
+            held = _make(
                 ctx, Action.HOLD, keep, rule,
                 f"would move to {_label(target)} ({reason}), but over "
                 f"{_fmt_s(horizon)} the restart ({_fmt_s(outlook.rollout_s)}) makes "
                 f"it {_fmt_pct(-outlook.saving)} slower than staying",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
+            return replace(held, held=Held.PRICE, wanted=rule)
         reason = (
             f"{reason}; switching saves {_fmt_pct(outlook.saving)} of latency over "
             f"{_fmt_s(horizon)}, restart included"
         )
 
-    if ctx.acting and rule != "bounds":
+    if ctx.acting and rule is not Rule.BOUNDS:
         if not guard and memory.last_change_at is not None:
             cooldown_left = memory.last_change_at + s.cooldown_s - ctx.now
             if cooldown_left > 0:
-                return _make(
-                    ctx, Action.HOLD, keep, "cooldown",
+                return replace(_make(
+                    ctx, Action.HOLD, keep, Rule.COOLDOWN,
                     f"would move to {_label(target)} ({reason}), but the cooldown has "
                     f"{_fmt_s(cooldown_left)} left",
                     metrics=flags, predictions=pred_map, est=est, scale=scale,
-                )
+                ), held=Held.COOLDOWN, wanted=rule)
         budget = s.max_changes_per_hour
         if not guard:
             budget = max(0, budget - t.reserved_guard_changes) if budget > 1 else budget
         if memory.changes_last_hour >= budget:
-            return _make(
-                ctx, Action.HOLD, keep, "budget",
+            return replace(_make(
+                ctx, Action.HOLD, keep, Rule.BUDGET,
                 f"would move to {_label(target)} ({reason}), but {memory.changes_last_hour} "
                 f"changes in the last hour reach the budget of {budget}",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
-            )
+            ), held=Held.BUDGET, wanted=rule)
 
     if target == OFF:
         action = Action.DISABLE
@@ -1965,7 +2016,7 @@ def _make(
     ctx: _Context,
     action: Action,
     k: int | None,
-    rule: str,
+    rule: Rule,
     reason: str,
     *,
     metrics: tuple[bool, str, str],

@@ -20,10 +20,11 @@ phases:                           # each holds until the next; unset keys carry 
   - {at: 0, request_rate: 6, prompt_tokens: 1000, output_tokens: 300,
      temperature: 0, acceptance: 0.8}
   - {at: 20m, acceptance: 0.2}
-noise:                            # optional: the truth wanders around the phase values
-  acceptance_sd: 0.05             # sd of the per-token acceptance, redrawn every period
-  request_rate_cv: 0.2            # relative sd of the request rate, redrawn every period
-  period: 30s
+noise:                            # optional (defaults shown): the truth wanders around
+  acceptance_sd: 0.02             #   the phase values: sd of the per-token acceptance and
+  request_rate_cv: 0.1            #   relative sd of the request rate, redrawn every period;
+  period: 1m                      #   `noise: off` keeps them exact
+  request_acceptance_sd: 0.15     # sd of one request's own acceptance (beta per request)
 metrics_outage:                   # optional: Prometheus unreachable (scrapes fail)
   - {at: 40m, duration: 10m}
 ```
@@ -142,13 +143,34 @@ class Slo(_Strict):
         return None if value is None else parse_duration(value)
 
 
-class Noise(_Strict):
-    """The truth wandering around each phase's values (not measurement noise: the simulator
-    adds sampling noise to every counter anyway)."""
+DEFAULT_ACCEPTANCE_SD = 0.02
+DEFAULT_REQUEST_RATE_CV = 0.1
+DEFAULT_NOISE_PERIOD_S = 60.0
+DEFAULT_REQUEST_ACCEPTANCE_SD = 0.15
 
-    acceptance_sd: float = Field(default=0.0, ge=0, le=0.5)
-    request_rate_cv: float = Field(default=0.0, ge=0, le=2)
-    period: float = Field(default=30.0, gt=0, description="Seconds between redraws.")
+
+class Noise(_Strict):
+    """The truth wandering around each phase's values, and how much acceptance differs
+    between requests (not the counters' sampling noise: the simulator adds that anyway).
+
+    The truth wanders in every scenario unless its file says otherwise: `noise: off` (or
+    zero `acceptance_sd` and `request_rate_cv`) keeps each phase's values exact.
+    """
+
+    acceptance_sd: float = Field(default=DEFAULT_ACCEPTANCE_SD, ge=0, le=0.5)
+    request_rate_cv: float = Field(default=DEFAULT_REQUEST_RATE_CV, ge=0, le=2)
+    period: float = Field(default=DEFAULT_NOISE_PERIOD_S, gt=0, description="Seconds between redraws.")
+    request_acceptance_sd: float = Field(
+        default=DEFAULT_REQUEST_ACCEPTANCE_SD, ge=0, le=0.45,
+        description="Standard deviation of one request's own acceptance around the truth "
+        "(beta-distributed per request): a window's acceptance is then as uncertain as its "
+        "number of requests makes it, not a binomial of its tokens. The benchmark's pods use "
+        "it; 0 turns it off.",
+    )
+
+    @property
+    def wanders(self) -> bool:
+        return self.acceptance_sd > 0 or self.request_rate_cv > 0
 
     @field_validator("period", mode="before")
     @classmethod
@@ -183,8 +205,16 @@ class Scenario(_Strict):
     model: dict[str, Any] = Field(default_factory=dict)
     slo: Slo = Field(default_factory=Slo)
     phases: tuple[Phase, ...] = Field(min_length=1)
-    noise: Noise | None = None
+    noise: Noise = Field(default_factory=Noise)
     metrics_outage: tuple[MetricsOutage, ...] = ()
+
+    @field_validator("noise", mode="before")
+    @classmethod
+    def _noise_off(cls, value: Any) -> Any:
+        """`noise: off` (YAML false) or `noise: null`: the truth holds each phase's values."""
+        if value is None or value is False or value == "off":
+            return {"acceptance_sd": 0.0, "request_rate_cv": 0.0}
+        return value
 
     @field_validator("duration", mode="before")
     @classmethod
@@ -297,8 +327,7 @@ class Scenario(_Strict):
         for outage in data["metrics_outage"]:
             outage["at"] /= factor
             outage["duration"] /= factor
-        if data["noise"] is not None:
-            data["noise"]["period"] /= factor
+        data["noise"]["period"] /= factor
         return Scenario.model_validate(data)
 
     def true_conditions(self, t: float) -> "Conditions":
@@ -331,7 +360,7 @@ def true_conditions(scenario: Scenario, t: float) -> Conditions:
     phase = scenario.phases[index]
     rate, alpha = phase.request_rate, phase.acceptance
     noise = scenario.noise
-    if noise is not None and (noise.acceptance_sd > 0 or noise.request_rate_cv > 0):
+    if noise.wanders:
         period = math.floor(max(0.0, t) / noise.period)
         rng = random.Random(f"{scenario.seed}/noise/{period}")
         alpha = min(0.99, max(0.0, alpha + rng.gauss(0.0, noise.acceptance_sd)))

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 GPU = "nvidia.com/gpu"
 SCENARIO = parse_scenario({
-    "name": "cluster", "duration": "1h", "seed": 3, "method": "draft_model",
+    "name": "cluster", "duration": "1h", "seed": 3, "method": "draft_model", "noise": False,
     "phases": [{"at": 0, "request_rate": 4, "acceptance": 0.8}],
 })
 

@@ -36,6 +36,7 @@ SCENARIO = parse_scenario(
         "duration": "1h",
         "seed": 11,
         "method": "draft_model",
+        "noise": False,  # the truth exactly: the queries must return the phase's values
         "phases": [{"at": 0, "request_rate": RATE, "prompt_tokens": 1000, "output_tokens": 300,
                     "acceptance": ALPHA}],
     }

@@ -35,6 +35,12 @@ MINIMAL = {
 }
 
 
+def load_scenario_text(text: str) -> Scenario:
+    import yaml
+
+    return parse_scenario(yaml.safe_load(text), "test.yaml")
+
+
 def scenario(**changes) -> Scenario:
     return parse_scenario({**MINIMAL, **changes}, "test.yaml")
 
@@ -126,11 +132,22 @@ def test_noise_is_deterministic_and_keeps_the_mean() -> None:
     assert true_conditions(other_seed, 0).workload != a[0]
 
 
-def test_no_noise_means_the_phase_exactly() -> None:
-    sc = scenario(metrics_outage=[{"at": "10m", "duration": "1m"}])
+def test_noise_off_means_the_phase_exactly() -> None:
+    sc = scenario(noise=False, metrics_outage=[{"at": "10m", "duration": "1m"}])
     c = true_conditions(sc, 605)
     assert c.workload == sc.phases[0].workload() and c.metrics_outage
     assert not true_conditions(sc, 660).metrics_outage
+    assert sc.noise.request_acceptance_sd > 0  # requests still differ from one another
+
+
+def test_the_truth_wanders_by_default() -> None:
+    sc = scenario()
+    draws = {true_conditions(sc, t).workload for t in range(0, 1200, 60)}
+    assert len(draws) == 20
+    assert all(abs(w.acceptance - 0.8) < 0.12 for w in draws)
+    yaml_off = load_scenario_text("name: t\nduration: 1h\nmethod: draft_model\nnoise: off\n"
+                                  "phases:\n  - {at: 0, request_rate: 4, acceptance: 0.8}\n")
+    assert not yaml_off.noise.wanders
 
 
 def test_model_overrides_reach_the_engine_params() -> None:

@@ -1,4 +1,4 @@
-"""The policy benchmark: the operator's policy against static choices and the phase oracle.
+"""The policy benchmark: the operator's policy against every static choice and the phase oracle.
 
 `run.run_scenario` replays one scenario file in simulated time; `suite.run_suite` runs many
 in parallel and `report` renders the table, JSON, CSV and plots. See BENCHMARK.md for the

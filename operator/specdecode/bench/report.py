@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdecode.bench.run import ORACLE, POLICY, ScenarioResult
-from specdecode.bench.suite import policy_events
+from specdecode.bench.suite import policy_events, static_names
 
 CSV_FIELDS = (
     "scenario", "strategy", "score", "goodput_ratio", "latency_ratio", "goodput_tokens_per_s",
@@ -45,6 +45,10 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
             "method": result.method,
             "slo": result.slo,
             "best_static": result.best_static,
+            "policy_margin_over_best_static": (
+                result.strategies[POLICY].score - result.strategies[result.best_static].score
+            ),
+            "day_long_stationary": result.day_long_stationary,
             "oracle_source": result.oracle_source,
             "strategies": {name: asdict(f) for name, f in result.strategies.items()},
             "phases": result.phases,
@@ -95,35 +99,57 @@ def _minutes(seconds: float | None) -> str:
 
 
 def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], console: Any) -> None:
-    """The terminal table (rich): scores per scenario and strategy, the policy's goodput
-    ratio, restarts, SLO-violation minutes and events, then the targets."""
+    """The terminal tables (rich): scores per scenario of the policy and every static choice,
+    the policy's events, the suite's strategies, then each target as holding or falling
+    short."""
     from rich.table import Table
 
-    names = [n for n in results[0].strategies if n not in (ORACLE,)] if results else []
-    table = Table(
-        title="Policy benchmark: score vs the phase oracle (min of goodput and latency ratios)",
-        caption="goodput: the policy's / the oracle's. restarts, SLO min(utes of P95 above the "
-        "SLO): policy/oracle. fallback / re-enable: the policy's slowest after a collapse / "
-        "recovery ('off' / 'on': speculation already was). stationary: policy changes in "
-        "settled phases.",
+    statics = static_names(results)
+    single = summary.get("best_single_static", "")
+    scores = Table(
+        title="Policy benchmark: headline score (min of goodput and latency ratios to the best "
+        "of the oracle and every static choice)",
+        caption="Every strategy starts at the declared K=3 and pays every restart. green: the "
+        "best static choice of the scenario; margin: the policy minus the best static choice.",
     )
-    table.add_column("scenario", no_wrap=True)
-    for name in names:
-        table.add_column(name, justify="right", no_wrap=True)
-    for column in ("goodput", "restarts", "SLO min", "fallback", "re-enable", "stationary",
-                   "best static"):
-        table.add_column(column, justify="right", no_wrap=True)
+    scores.add_column("scenario", no_wrap=True)
+    scores.add_column("policy", justify="right", no_wrap=True)
+    scores.add_column("oracle", justify="right", no_wrap=True)
+    for name in statics:
+        scores.add_column(name, justify="right", no_wrap=True)
+    scores.add_column("best static", justify="right", no_wrap=True)
+    scores.add_column("margin", justify="right", no_wrap=True)
     for r in results:
-        cells = []
-        best = max(r.strategies[n].score for n in names if n != POLICY)
-        for name in names:
-            score = r.strategies[name].score
-            text = f"{score:.3f}"
-            if name == POLICY:
-                text = f"[bold]{text}[/bold]"
-            elif score == best:
-                text = f"[green]{text}[/green]"
-            cells.append(text)
+        cells = [f"[bold]{r.strategies[POLICY].score:.3f}[/bold]", f"{r.strategies[ORACLE].score:.3f}"]
+        for name in statics:
+            text = f"{r.strategies[name].score:.3f}"
+            cells.append(f"[green]{text}[/green]" if name == r.best_static else text)
+        margin = r.strategies[POLICY].score - r.strategies[r.best_static].score
+        cells += [r.best_static, f"{margin:+.3f}"]
+        scores.add_row(r.name, *cells)
+    means = summary["mean_score_by_strategy"]
+    worsts = summary.get("worst_score_by_strategy", {})
+    for label, values in (("mean", means), ("worst", worsts)):
+        cells = [f"{values.get(POLICY, math.nan):.3f}", f"{values.get(ORACLE, math.nan):.3f}"]
+        for name in statics:
+            text = f"{values.get(name, math.nan):.3f}"
+            cells.append(f"[green]{text}[/green]" if label == "mean" and name == single else text)
+        cells += [single if label == "mean" else "", ""]
+        scores.add_row(f"[bold]{label}[/bold]", *cells)
+    console.print(scores)
+
+    events_table = Table(
+        title="The policy's figures per scenario",
+        caption="goodput / latency: ratios to the best on each axis. restarts, SLO min(utes of "
+        "P95 above the SLO): policy/oracle. fallback / re-enable: the policy's slowest after a "
+        "collapse / recovery ('off' / 'on': speculation already was). stationary: policy "
+        "changes in settled phases. day-long: a day-long stationary scenario (its figure is "
+        "the restarts).",
+    )
+    for column in ("scenario", "goodput", "latency", "restarts", "SLO min", "fallback",
+                   "re-enable", "stationary", "oracle plan"):
+        events_table.add_column(column, justify="left" if column == "scenario" else "right", no_wrap=True)
+    for r in results:
         p, o = r.strategies[POLICY], r.strategies[ORACLE]
         events = policy_events(r)
         fallback = _minutes(events["fallback_s_max"])
@@ -132,25 +158,20 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
         reenable = _minutes(events["reenable_s_max"])
         if events["reenable_s_max"] is None and events["recoveries"]:
             reenable = "on"
-        cells += [
-            f"{p.goodput_ratio:.3f}",
-            f"{p.changes}/{o.changes}",
-            f"{p.slo_violation_min:.0f}/{o.slo_violation_min:.0f}",
-            fallback,
-            reenable,
-            str(events["stationary_changes"]),
-            r.best_static,
-        ]
-        table.add_row(r.name, *cells)
+        name = f"{r.name} (day-long)" if r.day_long_stationary else r.name
+        events_table.add_row(
+            name, f"{p.goodput_ratio:.3f}", f"{p.latency_ratio:.3f}", f"{p.changes}/{o.changes}",
+            f"{p.slo_violation_min:.0f}/{o.slo_violation_min:.0f}", fallback, reenable,
+            str(events["stationary_changes"]), r.oracle_source,
+        )
     overall = summary.get("overall", {})
     strategies = overall.get("strategies", {})
     policy, oracle = strategies.get(POLICY, {}), strategies.get(ORACLE, {})
     events = overall.get("policy_events", {})
-    means = summary["mean_score_by_strategy"]
-    table.add_row(
+    events_table.add_row(
         "[bold]mean / total[/bold]",
-        *[f"{means.get(n, math.nan):.3f}" for n in names],
         f"{policy.get('mean_goodput_ratio', math.nan):.3f}",
+        f"{policy.get('mean_latency_ratio', math.nan):.3f}",
         f"{policy.get('restarts', 0)}/{oracle.get('restarts', 0)}",
         f"{policy.get('slo_violation_min', 0):.0f}/{oracle.get('slo_violation_min', 0):.0f}",
         _minutes(events.get("fallback_s_max")),
@@ -158,9 +179,24 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
         str(events.get("stationary_changes", 0)),
         "",
     )
-    console.print(table)
+    console.print(events_table)
+
+    suite_table = Table(title="The suite: mean and worst score per strategy")
+    for column in ("strategy", "mean", "worst", "restarts", "SLO min"):
+        suite_table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
+    rows = [POLICY, ORACLE, single] + [n for n in statics if n != single]
+    for name in rows:
+        if name not in means:
+            continue
+        label = {POLICY: "policy", ORACLE: "oracle", single: f"{name} (best single static)"}.get(name, name)
+        figs = strategies.get(name, {})
+        suite_table.add_row(
+            label, f"{means[name]:.3f}", f"{worsts.get(name, math.nan):.3f}",
+            str(figs.get("restarts", "")), f"{figs.get('slo_violation_min', 0):.0f}",
+        )
+    console.print(suite_table)
     for target in summary["targets"]:
-        mark = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
+        mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
         console.print(f"  {mark}  {target['name']}: {target['detail']}")
 
 

@@ -1,4 +1,4 @@
-"""Running one scenario: the policy in simulated time, the static choices, the oracle.
+"""Running one scenario: the policy in simulated time, every static choice, the oracle.
 
 The policy runs as in production, with the API's default autotune settings (Auto mode, 1m
 evaluations, 5m window, 2m warm-up, 10m cooldown, 4 changes per hour, 30m re-probe), the
@@ -13,8 +13,10 @@ Figures of a strategy (all from `engine.Segment` lists, BENCHMARK.md's definitio
 - latency: time-weighted mean of e2e and TPOT; P95 of the time-weighted mixture of the
   segments' latency distributions (lognormal fitted to each segment's mean and P95);
 - SLO-violation minutes: time whose P95 e2e or P95 TPOT is above its bound;
-- score: min(goodput / oracle goodput, oracle mean e2e / mean e2e);
-- changes: config changes (each restarts every replica);
+- score: min(goodput / G*, L* / mean e2e), G* the highest goodput and L* the lowest mean e2e
+  among the oracle and every static choice (`scored`);
+- changes: config changes (each restarts every replica); a static choice other than the
+  declared K changes once, at the start;
 - fallback: after a collapse (true acceptance falls below the floor) the time until the
   policy's first decision that reduces speculation, also in evaluation intervals after the
   collapse became visible (one scrape after it); a collapse met with speculation already
@@ -42,15 +44,27 @@ from specdecode.metrics import QueryScope, guard_window
 from specdecode.perfmodel import OFF
 from specdecode.scenario import Scenario, load_scenario
 
-STATIC_KS = (1, 3, 5, 8)
 POLICY = "policy"
 ORACLE = "oracle"
 SCRAPE_INTERVAL_S = 15.0
+DECLARED_K = 3
+"""The K a service declares when its scenario does not bound it away: every strategy starts
+there (the policy, the oracle and every static choice, which switches at the start)."""
+DAY_LONG_S = 20 * 3600.0
+"""A single-phase scenario at least this long is a day-long stationary one: its figure is
+the number of changes, its target the oracle's."""
 _Z95 = NormalDist().inv_cdf(0.95)
 
+strategy_name = engine.strategy_label
 
-def strategy_name(config: int) -> str:
-    return "off" if config == OFF else f"K={config}"
+
+def declared_config(params: perfmodel.EngineParams) -> int:
+    """The service's declared config: K = 3 within the scenario's bounds."""
+    return min(params.max_k, max(params.min_k, DECLARED_K))
+
+
+def is_day_long_stationary(scenario: Scenario) -> bool:
+    return len(scenario.phases) == 1 and scenario.duration >= DAY_LONG_S
 
 
 def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> pol.PolicySettings:
@@ -60,7 +74,7 @@ def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERV
     return pol.PolicySettings(
         mode=pol.Mode.AUTO,
         method=scenario.method,
-        configured_k=min(spec_k.max_k, max(spec_k.min_k, 3)),
+        configured_k=declared_config(spec_k),
         min_k=spec_k.min_k,
         max_k=spec_k.max_k,
         allow_disable=True,
@@ -98,14 +112,24 @@ class Change:
     reason: str
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """A decision whose rule wanted a change and held (restart price, overload, cooldown,
+    budget)."""
+
+    time: float
+    rule: pol.Rule
+    held: pol.Held
+    reason: str
+
+
 @dataclass
 class PolicyRun:
     schedule: list[engine.Serving]
     changes: list[Change]
     alpha_trace: list[tuple[float, float]] = field(default_factory=list)
     rules: dict[str, int] = field(default_factory=dict)
-    blocked: list[tuple[float, str, str]] = field(default_factory=list)
-    """(time, rule, reason) of decisions that wanted a change but held (price, cooldown...)."""
+    blocked: list[Blocked] = field(default_factory=list)
     decisions: int = 0
     metrics_unavailable: int = 0
 
@@ -126,6 +150,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
     fleet = telemetry.Fleet(
         scenario.name, scenario.method, params, scenario.seed,
         telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
+        scenario.noise.request_acceptance_sd,
     )
     config = settings.configured_k
     for slot in range(replicas):
@@ -187,8 +212,8 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
         if decision.alpha is not None:
             run.alpha_trace.append((t, decision.alpha))
         if not (decision.applied and decision.changes):
-            if "would move to" in decision.reason:
-                run.blocked.append((t, decision.rule, decision.reason))
+            if decision.held is not None:
+                run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
             continue
         entry = decision.history_entry(t, state)
         if entry is not None:
@@ -222,13 +247,14 @@ class Figures:
     goodput_ratio: float = math.nan
     latency_ratio: float = math.nan
 
-    def with_ratios(self, oracle: "Figures") -> "Figures":
-        good = self.goodput_tokens_per_s / oracle.goodput_tokens_per_s if oracle.goodput_tokens_per_s > 0 else 1.0
-        fast = oracle.e2e_mean_s / self.e2e_mean_s if self.e2e_mean_s > 0 and math.isfinite(self.e2e_mean_s) else 0.0
-        return Figures(
-            self.goodput_tokens_per_s, self.e2e_mean_s, self.e2e_p95_s, self.tpot_mean_s,
-            self.tpot_p95_s, self.slo_violation_min, self.changes, min(good, fast), good, fast,
-        )
+    @property
+    def axes(self) -> engine.Axes:
+        return engine.Axes(self.goodput_tokens_per_s, self.e2e_mean_s)
+
+    def with_ratios(self, best: engine.Axes) -> "Figures":
+        """The figures scored against the denominators ``best`` (`engine.headline`)."""
+        score, good, fast = engine.headline(self.axes, best)
+        return replace(self, score=score, goodput_ratio=good, latency_ratio=fast)
 
 
 def _sigma(mean: float, p95: float) -> float:
@@ -321,6 +347,7 @@ class ScenarioResult:
     evaluations: int
     rules: dict[str, int]
     best_static: str = ""
+    day_long_stationary: bool = False
 
 
 def _effective_alpha(scenario: Scenario, workload: perfmodel.Workload) -> float:
@@ -337,8 +364,6 @@ def _config_at(run: PolicyRun, t: float, initial: int) -> int:
     return config
 
 
-_FALLBACK_RULES = frozenset({"collapse", "floor", "fast-fallback", "slo-guard"})
-"""Rules that fall back from a collapse; what held them back is what a missed fallback reports."""
 
 
 def _events(
@@ -367,10 +392,10 @@ def _events(
             held = None
             if change is None:
                 # The floor's own hold explains most; the other fallback rules' holds next.
-                blocks = [(rule not in ("collapse", "floor"), when, reason)
-                          for when, rule, reason in run.blocked
-                          if start <= when < end and rule in _FALLBACK_RULES]
-                held = min(blocks)[2] if blocks else None
+                blocks = [(b.rule not in pol.FLOOR_RULES, b.time, b.held, b.reason)
+                          for b in run.blocked
+                          if start <= b.time < end and b.rule in pol.FALLBACK_RULES]
+                held = {"by": min(blocks)[2], "reason": min(blocks)[3]} if blocks else None
             # Visible with the first scrape after the change, or after an outage hiding it.
             visible = start
             for outage in scenario.metrics_outage:
@@ -399,8 +424,9 @@ def _events(
     previous: Change | None = None
     for change in run.changes:
         index = scenario.phase_index_at(change.time)
-        probing = change.rule in ("reprobe", "probe-abandon") or (
-            previous is not None and previous.rule == "reprobe" and change.to_config < change.from_config
+        probing = change.rule in pol.PROBE_RULES or (
+            previous is not None and previous.rule is pol.Rule.REPROBE
+            and change.to_config < change.from_config
         )
         if change.time - phases[index].at >= settle:
             if probing:
@@ -447,37 +473,66 @@ def _phase_figures(
     return out
 
 
-def run_scenario(path: str | Path) -> ScenarioResult:
-    """Every strategy on one scenario file."""
-    started = time.perf_counter()
-    scenario = load_scenario(path)
+@dataclass(frozen=True)
+class Yardstick:
+    """What the policy is measured against in one scenario: every static choice and the
+    oracle, all starting at the declared config."""
+
+    evaluator: engine.SegmentEvaluator
+    configs: tuple[int, ...]
+    declared: int
+    statics: dict[int, list[engine.Segment]]
+    oracle: engine.OraclePlan
+
+    def figures(self) -> dict[str, Figures]:
+        """Unscored figures of every static choice and of the oracle, by strategy name."""
+        out = {
+            strategy_name(c): figures(self.statics[c], 0 if c == self.declared else 1)
+            for c in self.configs
+        }
+        out[ORACLE] = figures(list(self.oracle.segments), self.oracle.changes)
+        return out
+
+
+def yardstick(scenario: Scenario) -> Yardstick:
     params = scenario.params
     evaluator = engine.SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
     configs = engine.configs_of(params)
-    statics = {c: engine.evaluate_schedule(scenario, evaluator, engine.static_schedule(c, params.replicas)) for c in configs}
-    oracle = engine.phase_oracle(scenario, evaluator, configs, statics)
+    declared = declared_config(params)
+    statics = {
+        c: engine.evaluate_schedule(
+            scenario, evaluator, engine.static_schedule(c, params.replicas, declared, params.rollout_s)
+        )
+        for c in configs
+    }
+    oracle = engine.phase_oracle(scenario, evaluator, configs, declared, statics)
+    return Yardstick(evaluator, configs, declared, statics, oracle)
+
+
+def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
+    """Every strategy scored against the best goodput and the best latency among the oracle
+    and every static choice (the policy's own figures never set a denominator)."""
+    best = engine.best_axes(f.axes for name, f in raw.items() if name != POLICY)
+    return {name: f.with_ratios(best) for name, f in raw.items()}
+
+
+def run_scenario(path: str | Path) -> ScenarioResult:
+    """Every strategy on one scenario file: the policy, every static choice, the oracle."""
+    started = time.perf_counter()
+    scenario = load_scenario(path)
+    measure = yardstick(scenario)
+    evaluator, configs, declared = measure.evaluator, measure.configs, measure.declared
+    statics, oracle = measure.statics, measure.oracle
     settings = policy_settings(scenario)
     run = run_policy(scenario, settings)
     policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
 
-    oracle_fig = figures(list(oracle.segments), oracle.changes)
-    strategies: dict[str, Figures] = {
-        POLICY: figures(policy_segments, len(run.changes)).with_ratios(oracle_fig),
-        "off": figures(statics[OFF], 0).with_ratios(oracle_fig),
-    }
-    for k in STATIC_KS:
-        if k in statics:
-            strategies[strategy_name(k)] = figures(statics[k], 0).with_ratios(oracle_fig)
-    strategies[ORACLE] = oracle_fig.with_ratios(oracle_fig)
-    static_scores = {
-        strategy_name(c): figures(statics[c], 0).with_ratios(oracle_fig).score for c in configs
-    }
-    best_static = max(static_scores, key=lambda n: static_scores[n])
+    strategies = scored({POLICY: figures(policy_segments, len(run.changes)), **measure.figures()})
+    static_names = [strategy_name(c) for c in configs]
+    best_static = max(static_names, key=lambda n: (strategies[n].score, -static_names.index(n)))
 
-    by_strategy = {POLICY: policy_segments, ORACLE: list(oracle.segments), "off": statics[OFF]}
-    for k in STATIC_KS:
-        if k in statics:
-            by_strategy[strategy_name(k)] = statics[k]
+    by_strategy = {POLICY: policy_segments, ORACLE: list(oracle.segments)}
+    by_strategy.update((strategy_name(c), statics[c]) for c in configs)
     timelines = {
         name: [(s.start, s.end, s.config, s.goodput_tokens_per_s, s.e2e_p95_s) for s in segs]
         for name, segs in ((POLICY, policy_segments), (ORACLE, list(oracle.segments)))
@@ -505,4 +560,5 @@ def run_scenario(path: str | Path) -> ScenarioResult:
         evaluations=evaluator.evaluations,
         rules=run.rules,
         best_static=best_static,
+        day_long_stationary=is_day_long_stationary(scenario),
     )

@@ -84,8 +84,12 @@ class _Pod:
 class Fleet:
     """The simulated pods of one service and the series a Prometheus would hold for them."""
 
-    def __init__(self, service: str, method: str, params: EngineParams, seed: int, keep_s: float):
+    def __init__(
+        self, service: str, method: str, params: EngineParams, seed: int, keep_s: float,
+        request_acceptance_sd: float = 0.0,
+    ):
         self.service = service
+        self.request_acceptance_sd = request_acceptance_sd
         self.method = method
         self.params = params
         self.seed = seed
@@ -105,7 +109,9 @@ class Fleet:
             MODEL_NAME, self.method if config else None, config
         )
         rng = np.random.default_rng([self.seed, slot, self._generation])
-        self.pods[slot] = _Pod(name, config, BenchPodEngine(engine_config, self.params, rng))
+        engine = BenchPodEngine(engine_config, self.params, rng)
+        engine.request_acceptance_sd = self.request_acceptance_sd
+        self.pods[slot] = _Pod(name, config, engine)
 
     def stop(self, slot: int, at: float) -> None:
         """The pod in ``slot`` is deleted at ``at``: its series go stale."""

@@ -217,6 +217,10 @@ class PodEngine:
             dict(config.custom_buckets),
         )
         self.queue = 0.0
+        self.request_acceptance_sd = 0.0
+        """SD of one request's own acceptance around the truth (0: every token of every
+        request is accepted with the same probability)."""
+        self._admitted = 0
         self._bucket_probs: dict[tuple[str, float, float], list[float]] = {}
 
     def advance(self, dt: float, workload: Workload, ready_replicas: int) -> Tick:
@@ -240,6 +244,7 @@ class PodEngine:
         self.queue = max(0.0, backlog + arrivals - admitted)
         wait = backlog / mu if mu > 0 and backlog >= 1.0 else 0.0
 
+        self._admitted = admitted
         with self.metrics.lock:
             self._requests(admitted, workload, state, wait, dt)
             self._steps(dt, workload, state, k)
@@ -300,7 +305,7 @@ class PodEngine:
         if self.config.speculative:
             m.inc(x.SPEC_DRAFTS, float(seq_steps) if k > 0 else 0.0)
             m.inc(x.SPEC_DRAFT_TOKENS, float(seq_steps * k))
-            alpha, decay = state.alpha, self.params.acceptance_decay
+            alpha, decay = self._tick_alpha(state.alpha), self.params.acceptance_decay
             survivors = seq_steps
             for pos in range(k):
                 # P(accept pos | pos-1 accepted) = alpha * decay**pos.
@@ -310,6 +315,22 @@ class PodEngine:
             m.inc(x.SPEC_ACCEPTED_TOKENS, float(accepted_total))
         m.inc(x.GENERATION_TOKENS, float(seq_steps + accepted_total))
         self._bulk_observe(x.INTER_TOKEN_LATENCY, seq_steps, state.step_time_s, STEP_TIME_CV)
+
+    def _tick_alpha(self, alpha: float) -> float:
+        """The acceptance this tick's tokens see: with ``request_acceptance_sd``, the
+        output-weighted mean of one beta draw per request admitted in the tick (mean
+        ``alpha``), so a window's acceptance varies with its number of requests (a
+        beta-binomial), as a real service's does."""
+        sd = self.request_acceptance_sd
+        if sd <= 0 or not 0 < alpha < 1:
+            return alpha
+        spread = alpha * (1.0 - alpha)
+        sd = min(sd, 0.9 * math.sqrt(spread))
+        concentration = spread / (sd * sd) - 1.0
+        n = max(1, self._admitted)
+        draws = self.rng.beta(alpha * concentration, (1.0 - alpha) * concentration, n)
+        weights = _lognormal(self.rng, 1.0, self.params.output_tokens_cv, n)
+        return float(min(1.0, max(0.0, np.dot(draws, weights) / weights.sum())))
 
     def _bulk_observe(self, name: str, n: int, mean: float, cv: float) -> None:
         """n observations from a lognormal(mean, cv), bucketed by a multinomial draw."""
