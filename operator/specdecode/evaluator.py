@@ -94,7 +94,7 @@ class Evaluator:
                   status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status))
+        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         read = self._read(self._access_for(spec), evaluation.scopes_for(spec, settings), now.timestamp())
         observed, window = evaluation.observations_for(
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
