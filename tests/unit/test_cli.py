@@ -163,3 +163,21 @@ def test_validate_with_an_old_vllm_version_names_what_it_cannot_run(tmp_path, ca
     path.write_text((REPO / "manifests" / "samples" / "llama-3.1-8b-eagle3.yaml").read_text())
     assert main(["validate", "-f", str(path), "--vllm-version", "0.8.2"]) == 2
     assert "vLLM 0.8.2" in capsys.readouterr().err
+
+
+def test_cluster_env_exports_the_kubeconfig_and_puts_the_stack_first_on_path():
+    from specdecode.commands.cluster import env_exports
+
+    lines = env_exports("/state/my cluster/kubeconfig", ["/cache/kubernetes-v1.34.4/bin", "/cache/helm-v3.19.5/bin",
+                                                       "/cache/kubernetes-v1.34.4/bin"])
+    assert lines == ["export KUBECONFIG='/state/my cluster/kubeconfig'",
+                     'export PATH=/cache/kubernetes-v1.34.4/bin:/cache/helm-v3.19.5/bin:"$PATH"']
+    done = subprocess.run(["bash", "-c", "\n".join(lines) + '\necho "$KUBECONFIG|${PATH%%:*}"'],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "/state/my cluster/kubeconfig|/cache/kubernetes-v1.34.4/bin"
+
+
+def test_cluster_env_of_a_cluster_that_is_not_up_says_how_to_start_it(capsys, tmp_path):
+    assert main(["cluster", "env", "--name", "nothing-here", "--state-dir", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "specdecode cluster" in err and err.count("\n") == 1
