@@ -76,7 +76,9 @@ def demo_service(sample: Mapping[str, Any], *, namespace: str, prometheus_url: s
     spec.setdefault("metrics", {}).update({"prometheusUrl": prometheus_url, "scrapeInterval": scrape_interval})
     cache = spec.get("modelCache")
     if isinstance(cache, dict):
-        cache.pop("hfTokenSecret", None)
+        # The demo's namespace has neither the token Secret nor the model-cache PVC.
+        for key in ("hfTokenSecret", "claimName", "type"):
+            cache.pop(key, None)
         if not cache:
             spec.pop("modelCache")
     return service
