@@ -528,14 +528,14 @@ def render_view(timelines: Sequence[Timeline], *, t: float, total: float, scenar
     from rich.table import Table
     from rich.text import Text
 
+    # Fits 80 columns: the bar and the clock take 36, the scenario line has a row of its own.
     header = Table.grid(padding=(0, 1), expand=True)
     header.add_column(ratio=1)
-    header.add_column(width=30)
-    header.add_column(justify="right", width=16)
-    header.add_row(Text(title, style="bold"), ProgressBar(total=max(total, 1.0), completed=min(t, total), width=30),
+    header.add_column(width=20)
+    header.add_column(justify="right", width=14)
+    header.add_row(Text(title, style="bold"), ProgressBar(total=max(total, 1.0), completed=min(t, total), width=20),
                    Text(f"{clock(t)} / {clock(total)}"))
-    header.add_row(Text(f"scenario: {scenario_line}", style="cyan"), Text(""), Text(""))
-    panels = [header]
+    panels = [header, Text(f"scenario: {scenario_line}", style="cyan")]
     for timeline in timelines:
         panels.append(_service_panel(timeline, t))
     if not timelines:
