@@ -321,14 +321,16 @@ METHOD_EVIDENCE: dict[str, str] = {
 
 
 def known_version(version: str) -> bool:
-    """True for a release this table was read from, or a patch release of one of their minors
-    (0.33.1: same minor as 0.33.0); False for typos, non-releases and releases not read."""
+    """True for a release this table was read from or a patch release of one of their minors
+    (0.33.1: same minor as 0.33.0), and for releases before 0.8.2, which get the legacy flags;
+    False for typos, non-releases and releases past the table or between read minors."""
     try:
         wanted = Version(version.lstrip("v"))
     except InvalidVersion:
         return False
-    return any(Version(known).release[:2] == wanted.release[:2] for known in KNOWN_VERSIONS) and \
-        Version(OLDEST_CHECKED) <= wanted
+    if wanted < Version(OLDEST_CHECKED):
+        return not (wanted.is_prerelease or wanted.is_devrelease)
+    return any(Version(known).release[:2] == wanted.release[:2] for known in KNOWN_VERSIONS)
 
 
 def method_supported(method: str, version: str) -> bool:

@@ -153,7 +153,13 @@ def test_unknown_vllm_version_is_refused_with_the_known_ones(capsys, verb):
     assert "0.33.0" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.33.1", "v0.24.0"])
+@pytest.mark.parametrize("version", ["0.33.O", "nightly", "0.13.0", "1.0.0"])
+def test_typos_non_releases_and_unread_releases_are_refused(capsys, version):
+    assert main(["validate", "-f", DRAFT_SAMPLE, "--vllm-version", version]) == 2
+    assert f"--vllm-version {version}: unknown vLLM version" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.33.1", "v0.24.0", "0.7.3"])
 def test_known_vllm_versions_and_their_patches_are_accepted(capsys, version):
     assert main(["validate", "-f", DRAFT_SAMPLE, "--vllm-version", version]) == 0
 

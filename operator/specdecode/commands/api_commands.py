@@ -190,11 +190,11 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def check_vllm_version(version: str) -> None:
     """Refuse a --vllm-version that is not a release the support table was read from."""
-    from ..vllm_support import known_version, KNOWN_VERSIONS
+    from ..vllm_support import KNOWN_VERSIONS, known_version
 
     if not known_version(version):
         raise UserError(f"--vllm-version {version}: unknown vLLM version; known: {', '.join(KNOWN_VERSIONS)} "
-                        "(and their patch releases)")
+                        "and their patch releases, or a release before 0.8.2 (the legacy flags)")
 
 
 def with_vllm_version(service, version: str):
