@@ -692,14 +692,17 @@ def plot_timeline(timelines: Sequence[Timeline], scenario: Scenario, events: Seq
                          fontsize=11, loc="left")
         # Acceptance.
         acceptance_axis.plot(*_truth(scenario, "acceptance", end), color="0.6", linestyle="--",
-                             label="true acceptance (scenario)")
-        acceptance_axis.plot(*_series(snapshots, "acceptance"), color="tab:blue", label="observed acceptance rate")
+                             label="true alpha (scenario)")
+        # alpha is per token; the rate is accepted / drafted tokens, which falls as K grows:
+        # alpha (1 - alpha^K) / ((1 - alpha) K), 0.59 for alpha 0.8 at K=4 (DESIGN "Names").
+        acceptance_axis.plot(*_series(snapshots, "acceptance"), color="tab:blue",
+                             label="acceptance rate (accepted/drafted: lower at larger K)")
         acceptance_axis.plot(*_series(snapshots, "alpha"), color="tab:cyan", linewidth=1, alpha=0.8,
-                             label="estimated alpha")
+                             label="estimated alpha (per token)")
         acceptance_axis.axhline(floor, color="tab:red", linewidth=1, alpha=0.6, label=f"floor {floor:g}")
         acceptance_axis.set_ylim(0, 1.05)
         acceptance_axis.set_ylabel("acceptance")
-        acceptance_axis.legend(loc="lower left", fontsize=7, ncol=4)
+        acceptance_axis.legend(loc="lower left", fontsize=7, ncol=2)
         # Load.
         load_axis.plot(*_truth(scenario, "request_rate", end), color="0.6", linestyle="--",
                        label="offered (scenario)")

@@ -187,3 +187,16 @@ def test_cluster_env_of_a_cluster_that_is_not_up_says_how_to_start_it(capsys, tm
     assert main(["cluster", "env", "--name", "nothing-here", "--state-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "specdecode cluster" in err and err.count("\n") == 1
+
+
+def test_readme_shows_the_test_command_ci_runs_and_the_venv_set_up():
+    """.ci/run's last line is the README's test command, verbatim; the set-up commands use
+    the virtual environment .ci/install creates (never the system Python)."""
+    readme = (REPO / "README.md").read_text()
+    ci_run = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci_run[-1].startswith(".venv/bin/python -m pytest")
+    assert f"```sh\n{ci_run[-1]}\n```" in readme
+    assert "bash .ci/install && .venv/bin/specdecode demo" in readme
+    install = (REPO / ".ci" / "install").read_text()
+    assert "-m venv .venv" in install and ".venv/bin/python -m pip install" in install
+    assert "python3 -m pip" not in install
