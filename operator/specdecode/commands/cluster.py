@@ -179,23 +179,22 @@ def env_exports(kubeconfig: str, bin_dirs: list[str]) -> list[str]:
     return [f"export KUBECONFIG={shlex.quote(kubeconfig)}", f'export PATH={path}:"$PATH"']
 
 
-def _cached_or_fail():
+def _binaries_and_kubeconfig(args: argparse.Namespace):
+    """The cached binaries and the kubeconfig of a running cluster; a UserError otherwise."""
     from specdecode.localstack.build import cached_binaries
+    from specdecode.localstack.cluster import ClusterError
 
     binaries = cached_binaries()
     if binaries is None:
         raise UserError("the local stack's binaries are not built: run `specdecode cluster build` first")
-    return binaries
+    try:
+        return binaries, _cluster(args).kubeconfig()
+    except ClusterError as err:
+        raise _fail(err) from err
 
 
 def _env(args: argparse.Namespace) -> int:
-    from specdecode.localstack.cluster import ClusterError
-
-    binaries = _cached_or_fail()
-    try:
-        kubeconfig = _cluster(args).kubeconfig()
-    except ClusterError as err:
-        raise _fail(err) from err
+    binaries, kubeconfig = _binaries_and_kubeconfig(args)
     print(f"# kubectl {binaries.kubernetes_version} and helm {binaries.helm_version} of the local stack; "
           f"run: eval \"$(specdecode cluster env --name {args.name})\"")
     for line in env_exports(str(kubeconfig), [str(binaries.kubectl.parent), str(binaries.helm.parent)]):
@@ -204,13 +203,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def _kubectl(args: argparse.Namespace) -> int:
-    from specdecode.localstack.cluster import ClusterError
-
-    binaries = _cached_or_fail()
-    try:
-        kubeconfig = _cluster(args).kubeconfig()
-    except ClusterError as err:
-        raise _fail(err) from err
+    binaries, kubeconfig = _binaries_and_kubeconfig(args)
     sys.stdout.flush()
     return subprocess.run([str(binaries.kubectl), "--kubeconfig", str(kubeconfig), *args.kubectl_args],
                           env=dict(os.environ)).returncode
