@@ -702,7 +702,7 @@ def plot_timeline(timelines: Sequence[Timeline], scenario: Scenario, events: Seq
         acceptance_axis.axhline(floor, color="tab:red", linewidth=1, alpha=0.6, label=f"floor {floor:g}")
         acceptance_axis.set_ylim(0, 1.05)
         acceptance_axis.set_ylabel("acceptance")
-        acceptance_axis.legend(loc="lower left", fontsize=7, ncol=2)
+        acceptance_axis.legend(loc="lower right", fontsize=7, ncol=2)
         # Load.
         load_axis.plot(*_truth(scenario, "request_rate", end), color="0.6", linestyle="--",
                        label="offered (scenario)")
