@@ -137,3 +137,17 @@ def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     assert seen[3] == seen[2]  # off: nothing measured, nothing forgotten
     restarted = evaluation.policy_state(status, spec, T0 + timedelta(minutes=5))
     assert restarted.recent_low_alpha == seen[3]
+
+
+def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download():
+    """With maxSurge 0 and an emptyDir cache, the download makes each restart dearer: a change
+    that pays with the weights cached is held when every pod must fetch them again."""
+    from .test_policy import NOW, auto, both, on
+
+    load = Workload(12, 1000, 300, 0, 0.5)
+    cached = evaluation.DEFAULT_RESTART_S
+    downloading = evaluation.DEFAULT_RESTART_S + evaluation.DEFAULT_MODEL_DOWNLOAD_S
+    taken = policy.decide(auto(max_surge=0, restart_s=cached), on(3), both(load, 3), (), NOW)
+    held = policy.decide(auto(max_surge=0, restart_s=downloading), on(3), both(load, 3), (), NOW)
+    assert taken.action is policy.Action.SET_K and taken.k == 1
+    assert held.action is policy.Action.HOLD and "slower than staying" in held.reason
