@@ -586,13 +586,18 @@ class SecretKeyRef(ApiModel):
 class ModelCache(ApiModel):
     """Where model weights are cached, and how the hub is reached."""
 
-    type: Literal["EmptyDir", "PersistentVolumeClaim"] = Field(
-        "EmptyDir",
-        description="EmptyDir downloads the weights at every pod start; PersistentVolumeClaim keeps "
-        "them across restarts (each change of K restarts pods: a PVC makes that much cheaper).",
+    type: Optional[Literal["EmptyDir", "PersistentVolumeClaim"]] = Field(
+        None,
+        description="PersistentVolumeClaim keeps the weights across restarts; EmptyDir downloads them "
+        "at every pod start, and every change of K the operator makes restarts the pods (status "
+        "condition ModelCacheEphemeral warns while autotune runs). Unset: PersistentVolumeClaim "
+        "when claimName is given, else EmptyDir.",
     )
     claim_name: Optional[str] = Field(
-        None, description="PersistentVolumeClaim to mount, for type PersistentVolumeClaim.", max_length=253
+        None,
+        description="PersistentVolumeClaim to mount (ReadWriteMany when replicas run on several "
+        "nodes); giving it selects type PersistentVolumeClaim unless type says otherwise.",
+        max_length=253,
     )
     size_limit: Optional[str] = Field(None, description="Size limit of the EmptyDir.", max_length=32)
     mount_path: str = Field(
@@ -609,12 +614,17 @@ class ModelCache(ApiModel):
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            cel="self.type != 'PersistentVolumeClaim' || has(self.claimName)",
+            cel="!has(self.type) || self.type != 'PersistentVolumeClaim' || has(self.claimName)",
             message="claimName is required when type is PersistentVolumeClaim",
             check=lambda m: m.type != "PersistentVolumeClaim" or m.claim_name is not None,
             field=".claimName",
         ),
     )
+
+    @property
+    def effective_type(self) -> str:
+        """The volume rendered: the declared type, else a PVC when a claim is named."""
+        return self.type or ("PersistentVolumeClaim" if self.claim_name else "EmptyDir")
 
 
 class PodOptions(ApiModel):
@@ -833,6 +843,16 @@ class SpecDecodeServiceSpec(ApiModel):
     @property
     def target_tensor_parallel_size(self) -> int:
         return _target_tp(self)
+
+    @property
+    def downloads_weights_at_start(self) -> bool:
+        """True when every pod start downloads weights again: an EmptyDir cache and a target or
+        draft named by hub id (an absolute path means weights on a volume of the user's own:
+        an image volume, a node-local hostPath)."""
+        if self.model_cache.effective_type != "EmptyDir":
+            return False
+        names = [self.model.name] + ([self.speculation.draft_model] if self.speculation.draft_model else [])
+        return any(not name.startswith("/") for name in names)
 
 
 # ---------------------------------------------------------------------------------------------

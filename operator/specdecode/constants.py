@@ -59,6 +59,7 @@ COND_DEGRADED = "Degraded"
 COND_SPECULATION_EFFECTIVE = "SpeculationEffective"
 COND_METRICS_AVAILABLE = "MetricsAvailable"
 COND_DRAFT_COMPATIBLE = "DraftCompatible"
+COND_MODEL_CACHE_EPHEMERAL = "ModelCacheEphemeral"
 CONDITION_TYPES = [
     COND_READY,
     COND_PROGRESSING,
@@ -66,6 +67,7 @@ CONDITION_TYPES = [
     COND_SPECULATION_EFFECTIVE,
     COND_METRICS_AVAILABLE,
     COND_DRAFT_COMPATIBLE,
+    COND_MODEL_CACHE_EPHEMERAL,
 ]
 
 # Condition reasons (CamelCase, as Kubernetes conventions ask).
@@ -84,6 +86,9 @@ REASON_DISABLED_BY_USER = "DisabledByUser"
 REASON_STARTUP_FAILURE = "StartupFailure"
 REASON_METRICS_OK = "MetricsFresh"
 REASON_METRICS_MISSING = "MetricsMissing"
+REASON_CACHE_EMPTY_DIR = "EmptyDirCache"
+REASON_CACHE_PERSISTENT = "PersistentCache"
+REASON_AUTOTUNE_OFF = "AutotuneOff"
 REASON_METRICS_STALE = "MetricsStale"
 # spec.metrics.prometheusUrl is outside the operator's allowedPrometheusUrls: never contacted.
 REASON_PROMETHEUS_URL_NOT_ALLOWED = "PrometheusURLNotAllowed"

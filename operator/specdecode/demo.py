@@ -76,7 +76,9 @@ def demo_service(sample: Mapping[str, Any], *, namespace: str, prometheus_url: s
     spec.setdefault("metrics", {}).update({"prometheusUrl": prometheus_url, "scrapeInterval": scrape_interval})
     cache = spec.get("modelCache")
     if isinstance(cache, dict):
-        cache.pop("hfTokenSecret", None)
+        # The demo's namespace has neither the token Secret nor the model-cache PVC.
+        for key in ("hfTokenSecret", "claimName", "type"):
+            cache.pop(key, None)
         if not cache:
             spec.pop("modelCache")
     return service
@@ -526,14 +528,14 @@ def render_view(timelines: Sequence[Timeline], *, t: float, total: float, scenar
     from rich.table import Table
     from rich.text import Text
 
+    # Fits 80 columns: the bar and the clock take 36, the scenario line has a row of its own.
     header = Table.grid(padding=(0, 1), expand=True)
     header.add_column(ratio=1)
-    header.add_column(width=30)
-    header.add_column(justify="right", width=16)
-    header.add_row(Text(title, style="bold"), ProgressBar(total=max(total, 1.0), completed=min(t, total), width=30),
+    header.add_column(width=20)
+    header.add_column(justify="right", width=14)
+    header.add_row(Text(title, style="bold"), ProgressBar(total=max(total, 1.0), completed=min(t, total), width=20),
                    Text(f"{clock(t)} / {clock(total)}"))
-    header.add_row(Text(f"scenario: {scenario_line}", style="cyan"), Text(""), Text(""))
-    panels = [header]
+    panels = [header, Text(f"scenario: {scenario_line}", style="cyan")]
     for timeline in timelines:
         panels.append(_service_panel(timeline, t))
     if not timelines:
@@ -690,14 +692,17 @@ def plot_timeline(timelines: Sequence[Timeline], scenario: Scenario, events: Seq
                          fontsize=11, loc="left")
         # Acceptance.
         acceptance_axis.plot(*_truth(scenario, "acceptance", end), color="0.6", linestyle="--",
-                             label="true acceptance (scenario)")
-        acceptance_axis.plot(*_series(snapshots, "acceptance"), color="tab:blue", label="observed acceptance rate")
+                             label="true alpha (scenario)")
+        # alpha is per token; the rate is accepted / drafted tokens, which falls as K grows:
+        # alpha (1 - alpha^K) / ((1 - alpha) K), 0.59 for alpha 0.8 at K=4 (DESIGN "Names").
+        acceptance_axis.plot(*_series(snapshots, "acceptance"), color="tab:blue",
+                             label="acceptance rate (accepted/drafted: lower at larger K)")
         acceptance_axis.plot(*_series(snapshots, "alpha"), color="tab:cyan", linewidth=1, alpha=0.8,
-                             label="estimated alpha")
+                             label="estimated alpha (per token)")
         acceptance_axis.axhline(floor, color="tab:red", linewidth=1, alpha=0.6, label=f"floor {floor:g}")
         acceptance_axis.set_ylim(0, 1.05)
         acceptance_axis.set_ylabel("acceptance")
-        acceptance_axis.legend(loc="lower left", fontsize=7, ncol=4)
+        acceptance_axis.legend(loc="lower right", fontsize=7, ncol=2)
         # Load.
         load_axis.plot(*_truth(scenario, "request_rate", end), color="0.6", linestyle="--",
                        label="offered (scenario)")

@@ -93,7 +93,7 @@ class Evaluator:
                   status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status))
+        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
             read: metrics.ReadResult = access  # refused before any request

@@ -247,7 +247,7 @@ NON_ROOT_HOME = "/home/vllm"
 
 def _volumes(spec: api.SpecDecodeServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     cache = spec.model_cache
-    if cache.type == "PersistentVolumeClaim":
+    if cache.effective_type == "PersistentVolumeClaim":
         cache_volume: dict[str, Any] = {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
         empty: dict[str, Any] = {}

@@ -194,6 +194,19 @@ class ReconcileOutcome:
     selector: Optional[str] = None
 
 
+def model_cache_condition(spec: api.SpecDecodeServiceSpec) -> tuple[bool, str, str]:
+    """ModelCacheEphemeral: True (a warning) while autotune may restart pods that download
+    their weights again at every start."""
+    if not spec.downloads_weights_at_start:
+        return False, C.REASON_CACHE_PERSISTENT, "pods start from weights that survive restarts"
+    if spec.autotune.mode == api.AutotuneMode.OFF:
+        return False, C.REASON_AUTOTUNE_OFF, "the cache is an emptyDir, but autotune is Off: the operator restarts no pods"
+    return True, C.REASON_CACHE_EMPTY_DIR, (
+        "the model cache is an emptyDir: every change of K restarts the pods and downloads the weights "
+        "again (the restart price includes it); set spec.modelCache.claimName to a PersistentVolumeClaim "
+        "(ReadWriteMany for several nodes) to keep them")
+
+
 def next_status(
     current: api.SpecDecodeServiceStatus,
     outcome: ReconcileOutcome,
@@ -251,6 +264,8 @@ def next_status(
     # status (on/off) agrees with the choice, so reconcile and evaluation do not fight.
     if existing is None or (existing.status == "True") != spec_cond[0]:
         conds = set_condition(conds, C.COND_SPECULATION_EFFECTIVE, *spec_cond, now, generation)
+
+    conds = set_condition(conds, C.COND_MODEL_CACHE_EPHEMERAL, *model_cache_condition(spec), now, generation)
 
     if outcome.apply_error is not None or (r.deadline_exceeded and not r.live):
         phase = C.PHASE_DEGRADED

@@ -30,10 +30,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 OLDEST_CHECKED = "0.8.2"
 NEWEST_CHECKED = "0.33.0"
+# The releases whose wheels were read for this table (the list above).
+KNOWN_VERSIONS = (
+    "0.8.2", "0.8.4", "0.8.5", "0.9.0", "0.9.2", "0.10.0", "0.10.1.1", "0.10.2", "0.11.0", "0.11.1",
+    "0.12.0", "0.14.0", "0.14.1", "0.15.0", "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0",
+    "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.25.0", "0.26.0", "0.28.0", "0.30.0",
+    "0.31.0", "0.32.0", "0.33.0",
+)
 
 
 def _wheel(version: str) -> str:
@@ -311,6 +318,19 @@ METHOD_EVIDENCE: dict[str, str] = {
     "mlp_speculator": f"{_wheel('0.32.0')}: vllm/config/speculative.py:76; absent in "
     f"{_wheel('0.33.0')}",
 }
+
+
+def known_version(version: str) -> bool:
+    """True for a release this table was read from or a patch release of one of their minors
+    (0.33.1: same minor as 0.33.0), and for releases before 0.8.2, which get the legacy flags;
+    False for typos, non-releases and releases past the table or between read minors."""
+    try:
+        wanted = Version(version.lstrip("v"))
+    except InvalidVersion:
+        return False
+    if wanted < Version(OLDEST_CHECKED):
+        return not (wanted.is_prerelease or wanted.is_devrelease)
+    return any(Version(known).release[:2] == wanted.release[:2] for known in KNOWN_VERSIONS)
 
 
 def method_supported(method: str, version: str) -> bool:

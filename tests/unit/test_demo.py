@@ -77,7 +77,8 @@ def test_every_sample_becomes_a_valid_fast_demo_service(sample):
     assert autotune["mode"] == "Auto" and autotune["evaluationInterval"] == "5s" and autotune["window"] == "30s"
     assert service["spec"]["rollout"] == {**original["spec"].get("rollout", {}), "maxSurge": 1, "maxUnavailable": 0}
     assert service["spec"]["metrics"]["prometheusUrl"] == PROMETHEUS
-    assert "hfTokenSecret" not in service["spec"].get("modelCache", {})
+    # The demo's namespace has no token Secret and no model-cache PVC.
+    assert not {"hfTokenSecret", "claimName"} & set(service["spec"].get("modelCache", {}))
     # What the user declared about speculation and SLOs stays.
     assert service["spec"]["speculation"] == original["spec"]["speculation"]
     assert autotune.get("slo") == original["spec"].get("autotune", {}).get("slo")
@@ -323,3 +324,20 @@ def test_a_second_demo_on_the_same_control_plane_is_refused(capsys, tmp_path, mo
     assert main(["demo", "--cluster-name", "Not_Valid", "--workdir", str(tmp_path / "work")]) == 2
     assert "--cluster-name: invalid cluster name" in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
+
+
+def test_live_view_fits_80_columns_without_breaking_its_lines():
+    """A stock 80-column terminal: nothing is cut, and each fact stays on one line."""
+    timeline = _story_timeline()
+    played = load_scenario("demo").compressed(4)
+    events = demo.scenario_events(played)
+    console = Console(file=io.StringIO(), width=80, record=True)
+    scenario_line = demo.scenario_now(played, events, 200)
+    console.print(demo.render_view([timeline], t=200, total=240, scenario_line=scenario_line, title="demo x4"))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("demo x4") and lines[0].rstrip().endswith("3m20s / 4m00s")
+    assert lines[1].rstrip() == f"scenario: {scenario_line}"
+    for fact in ("end-to-end 3.20 s, per output token 9.0 ms", "4.0 req/s, running 6.5 per replica, waiting 0.0, KV cache 12%",
+                 "disable K=3 -> off at 3m10s (10s ago)"):
+        assert any(fact in line for line in lines), fact

@@ -98,8 +98,24 @@ def test_policy_state_comes_from_status():
 
 def test_restart_price_duration_is_measured_from_the_last_rollout():
     spec = _spec()
-    assert evaluation.measured_restart_s(_status(spec)) == 60.0
-    assert evaluation.measured_restart_s(api.SpecDecodeServiceStatus()) == evaluation.DEFAULT_RESTART_S
+    assert evaluation.measured_restart_s(_status(spec), spec) == 60.0
+    persistent = spec.model_copy(update={"model_cache": api.ModelCache(claim_name="hf-model-cache")})
+    assert evaluation.measured_restart_s(api.SpecDecodeServiceStatus(), persistent) == evaluation.DEFAULT_RESTART_S
+
+
+def test_restart_price_includes_the_download_while_the_cache_is_an_empty_dir():
+    """Before any measured change, an emptyDir cache prices each restart with a model download;
+    a PVC, or weights at a path on a volume of the user's own, do not."""
+    unmeasured = api.SpecDecodeServiceStatus()
+    empty_dir = _spec()
+    assert empty_dir.downloads_weights_at_start
+    assert evaluation.measured_restart_s(unmeasured, empty_dir) == (
+        evaluation.DEFAULT_RESTART_S + evaluation.DEFAULT_MODEL_DOWNLOAD_S)
+    local = api.parse_spec({"model": {"name": "/models/qwen"}, "speculation": {"method": "ngram"}})
+    assert not local.downloads_weights_at_start
+    assert evaluation.measured_restart_s(unmeasured, local) == evaluation.DEFAULT_RESTART_S
+    settings = policy.PolicySettings.from_spec(empty_dir, restart_s=evaluation.measured_restart_s(unmeasured, empty_dir))
+    assert settings.restart_s > policy.PolicySettings.from_spec(local, restart_s=evaluation.DEFAULT_RESTART_S).restart_s
 
 
 def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
@@ -121,3 +137,17 @@ def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     assert seen[3] == seen[2]  # off: nothing measured, nothing forgotten
     restarted = evaluation.policy_state(status, spec, T0 + timedelta(minutes=5))
     assert restarted.recent_low_alpha == seen[3]
+
+
+def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download():
+    """With maxSurge 0 and an emptyDir cache, the download makes each restart dearer: a change
+    that pays with the weights cached is held when every pod must fetch them again."""
+    from .test_policy import NOW, auto, both, on
+
+    load = Workload(12, 1000, 300, 0, 0.5)
+    cached = evaluation.DEFAULT_RESTART_S
+    downloading = evaluation.DEFAULT_RESTART_S + evaluation.DEFAULT_MODEL_DOWNLOAD_S
+    taken = policy.decide(auto(max_surge=0, restart_s=cached), on(3), both(load, 3), (), NOW)
+    held = policy.decide(auto(max_surge=0, restart_s=downloading), on(3), both(load, 3), (), NOW)
+    assert taken.action is policy.Action.SET_K and taken.k == 1
+    assert held.action is policy.Action.HOLD and "slower than staying" in held.reason

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specdecode.localstack import build, cluster, manifests
-from specdecode.localstack.build import (ETCD, GOBUILD_ROOT, KUBERNETES, KWOK, BuildError, Binaries,
+from specdecode.localstack.build import (ETCD, GOBUILD_ROOT, HELM, KUBERNETES, KWOK, BuildError, Binaries,
                                          ComponentBuild)
 from specdecode.localstack.cluster import ClusterError, ClusterInfo
 from specdecode.localstack.manifests import ClusterSpec
@@ -26,9 +26,11 @@ def fake_binaries(root: Path = Path("/cache")) -> Binaries:
         etcd=root / "etcd-v3.6.16/bin/etcd",
         kwok=root / "kwok-v0.7.0/bin/kwok",
         kwokctl=root / "kwok-v0.7.0/bin/kwokctl",
+        helm=root / "helm-v3.19.5/bin/helm",
         kubernetes_version="v1.34.4",
         etcd_version="v3.6.16",
         kwok_version="v0.7.0",
+        helm_version="v3.19.5",
     )
 
 
@@ -76,6 +78,21 @@ def test_kubernetes_ldflags_stamp_both_version_packages():
         assert f"-X {package}.buildDate=2026-01-02T03:04:05Z" in flags
     with pytest.raises(BuildError):
         build.kubernetes_version_ldflags("1.34", "x")
+
+
+def test_helm_is_stamped_with_its_version_and_the_kubernetes_minor_of_its_client_go():
+    """Without the stamps `helm version` says v3.19 and `helm template`/`lint` assume
+    Kubernetes 1.20 for .Capabilities.KubeVersion."""
+    gomod = (GOBUILD_ROOT / "helm" / "go.mod").read_text()
+    version = build.required_version(gomod, HELM.module)
+    flags = build.ldflags_for(HELM, version, "d", gomod)
+    assert flags[:2] == ("-s", "-w")
+    assert f"-X helm.sh/helm/v3/internal/version.version={version}" in flags
+    assert build.required_version(gomod, "k8s.io/client-go").startswith("v0.34.")
+    for package in ("lint/rules", "chartutil"):
+        assert f"-X helm.sh/helm/v3/pkg/{package}.k8sVersionMinor=34" in flags
+    with pytest.raises(BuildError):
+        build.helm_version_ldflags("v3.19.5", "v1.34.0")
 
 
 def test_only_kubernetes_gets_version_stamps_and_all_are_stripped():

@@ -697,3 +697,27 @@ def test_readme_documents_every_setting():
     section = readme.split("## Running the operator", 1)[1].split("\n## ", 1)[0]
     for name in OperatorSettings.model_fields:
         assert f"`{ENV_PREFIX}{name.upper()}`" in section, f"{ENV_PREFIX}{name.upper()} is not in the configuration table"
+
+
+# --------------------------------------------------------------------------- samples
+
+def test_samples_kustomization_brings_what_every_sample_needs():
+    """`kubectl apply -k manifests/samples` applies every sample with the namespace and the
+    model-cache claim they name (the token Secret is the one command in its header)."""
+    from .conftest import SAMPLES
+
+    objects = kustomize("samples")
+    services = [o for o in objects if o["kind"] == "SpecDecodeService"]
+    assert sorted(s["metadata"]["name"] for s in services) == sorted(
+        yaml.safe_load(p.read_text())["metadata"]["name"] for p in SAMPLES)
+    namespaces = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    claims = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    for service in services:
+        namespace = service["metadata"]["namespace"]
+        assert namespace in namespaces
+        assert (namespace, service["spec"]["modelCache"]["claimName"]) in claims
+    (claim,) = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    secrets = {s["spec"]["modelCache"]["hfTokenSecret"]["name"] for s in services if "hfTokenSecret" in s["spec"]["modelCache"]}
+    header = (MANIFESTS / "samples" / "kustomization.yaml").read_text()
+    assert all(f"create secret generic {name} " in header for name in secrets)

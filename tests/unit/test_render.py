@@ -235,3 +235,15 @@ def test_every_accepted_spec_renders_valid_objects_that_read_back(spec, off):
         assert parsed.method == spec["speculation"]["method"]
         assert parsed.model == spec["speculation"].get("draftModel")
         assert parsed.num_speculative_tokens == spec["speculation"]["numSpeculativeTokens"]
+
+
+@pytest.mark.parametrize("cache, volume", [
+    ({}, {"emptyDir": {}}),
+    ({"claimName": "hf-model-cache"}, {"persistentVolumeClaim": {"claimName": "hf-model-cache"}}),
+    ({"type": "PersistentVolumeClaim", "claimName": "c"}, {"persistentVolumeClaim": {"claimName": "c"}}),
+    ({"type": "EmptyDir", "claimName": "c", "sizeLimit": "40Gi"}, {"emptyDir": {"sizeLimit": "40Gi"}}),
+])
+def test_a_named_claim_is_the_model_cache_unless_type_says_otherwise(minimal_spec, cache, volume):
+    objects = render.render_all(_service({**minimal_spec, "modelCache": cache}), render.SpeculationChoice(k=3))
+    volumes = {v["name"]: v for v in _deployment(objects)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", **volume}

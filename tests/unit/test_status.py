@@ -138,3 +138,20 @@ def test_foreign_writes_after_ours_are_drift():
     assert not foreign_drift({"metadata": {"managedFields": [ours, old_edit]}})
     same_second = {**edit, "time": ours["time"]}
     assert foreign_drift({"metadata": {"managedFields": [ours, same_second]}})
+
+
+@pytest.mark.parametrize("cache, mode, status, reason", [
+    ({}, "Auto", "True", C.REASON_CACHE_EMPTY_DIR),
+    ({}, "Recommend", "True", C.REASON_CACHE_EMPTY_DIR),
+    ({}, "Off", "False", C.REASON_AUTOTUNE_OFF),
+    ({"claimName": "hf-model-cache"}, "Auto", "False", C.REASON_CACHE_PERSISTENT),
+    ({"type": "EmptyDir", "claimName": "ignored"}, "Auto", "True", C.REASON_CACHE_EMPTY_DIR),
+])
+def test_model_cache_ephemeral_warns_while_autotune_may_restart_pods(cache, mode, status, reason):
+    spec = api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram"}, "modelCache": cache,
+                           "autotune": {"mode": mode}})
+    new = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    condition = st.get_condition(new.conditions, C.COND_MODEL_CACHE_EPHEMERAL)
+    assert (condition.status, condition.reason) == (status, reason)
+    if status == "True":
+        assert "spec.modelCache.claimName" in condition.message

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .. import constants as C
 from ..cli import UserError, command
 
 
@@ -67,21 +71,135 @@ def run_crd(args: argparse.Namespace) -> int:
 
 @command
 def _validate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check a SpecDecodeService file as the apiserver and the operator would")
-    p.add_argument("-f", "--filename", required=True, help="YAML file, or - for standard input")
+    p = sub.add_parser(
+        "validate",
+        help="check SpecDecodeService files as the apiserver and the operator would",
+        description="Check every SpecDecodeService in the given files (multi-document YAML) and "
+        "directories (every *.yaml / *.yml below, as in a GitOps repository; other kinds are "
+        "skipped). Every error names its file and document. Exit 0 when all are valid, 2 otherwise.",
+    )
+    p.add_argument("-f", "--filename", required=True, action="append", metavar="PATH",
+                   help="YAML file, directory, or - for standard input (repeatable)")
+    p.add_argument("--vllm-version", metavar="V", help="check against this vLLM version instead of spec.engine.version")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
     p.set_defaults(func=run_validate)
 
 
-def run_validate(args: argparse.Namespace) -> int:
+def _yaml_files(path: str) -> list[str]:
+    """`path` itself, or every YAML file below a directory (sorted, hidden ones skipped)."""
+    if path == "-" or not os.path.isdir(path):
+        return [path]
+    found = sorted(
+        str(f) for f in Path(path).rglob("*")
+        if f.suffix in (".yaml", ".yml") and f.is_file()
+        and not any(part.startswith(".") for part in f.relative_to(path).parts)
+    )
+    if not found:
+        raise UserError(f"{path}: no *.yaml or *.yml file in the directory")
+    return found
+
+
+@dataclass
+class DocumentResult:
+    """What `specdecode validate` found in one document (document counts from 1)."""
+
+    file: str
+    document: int
+    documents_in_file: int
+    kind: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    error: str | None = None
+
+    @property
+    def where(self) -> str:
+        return self.file if self.documents_in_file == 1 else f"{self.file}: document {self.document}"
+
+    def as_json(self) -> dict:
+        return {"file": self.file, "document": self.document, "kind": self.kind, "namespace": self.namespace,
+                "name": self.name, "valid": self.error is None, "error": self.error}
+
+
+def validate_document(doc: Any, result: DocumentResult, vllm_version: str | None) -> DocumentResult:
+    """Validate one SpecDecodeService document and render it (pure: no cluster, no files)."""
+    from .. import api
     from ..render import RenderError, initial_choice, render_all
 
-    service = load_service(args.filename)
+    metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    result.namespace, result.name = metadata.get("namespace"), metadata.get("name")
+    try:
+        service = api.parse_service(doc)
+    except api.SpecError as err:
+        result.error = str(err)
+        return result
+    result.namespace, result.name = service.namespace, service.name
+    if vllm_version:
+        service = with_vllm_version(service, vllm_version)
     try:
         render_all(service, initial_choice(service.spec))
     except RenderError as err:
-        raise UserError(f"{args.filename}: {err}") from None
-    print(f"{args.filename}: SpecDecodeService {service.namespace}/{service.name} is valid")
-    return 0
+        result.error = str(err)
+    return result
+
+
+def validate_paths(paths: list[str], vllm_version: str | None) -> list[DocumentResult]:
+    """Every SpecDecodeService in `paths`; a file given by name must hold at least one."""
+    results: list[DocumentResult] = []
+    for given in paths:
+        explicit = given == "-" or not os.path.isdir(given)
+        for path in _yaml_files(given):
+            try:
+                docs = read_documents(path)
+            except UserError as err:
+                if explicit or "no YAML document" not in str(err):
+                    results.append(DocumentResult(file=path, document=0, documents_in_file=1, error=str(err).removeprefix(f"{path}: ")))
+                continue
+            services = [(i, d) for i, d in enumerate(docs, 1) if isinstance(d, dict) and d.get("kind") == C.KIND]
+            if not services and explicit:
+                doc = docs[0]
+                kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+                error = (f"kind: expected SpecDecodeService, got {kind!r}" if len(docs) == 1
+                         else f"no SpecDecodeService among its {len(docs)} documents")
+                results.append(DocumentResult(file=path, document=1, documents_in_file=1, kind=kind, error=error))
+            for index, doc in services:
+                results.append(validate_document(doc, DocumentResult(path, index, len(docs), kind=C.KIND), vllm_version))
+    return results
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    if args.vllm_version:
+        check_vllm_version(args.vllm_version)
+    results = validate_paths(args.filename, args.vllm_version)
+    if not results:
+        raise UserError(f"{', '.join(args.filename)}: no SpecDecodeService found")
+    invalid = [r for r in results if r.error]
+    if args.output == "json":
+        json.dump({"valid": not invalid, "errors": len(invalid), "documents": [r.as_json() for r in results]},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for result in results:
+            if result.error:
+                print(f"error: {result.where}: {result.error}", file=sys.stderr)
+            else:
+                print(f"{result.where}: SpecDecodeService {result.namespace}/{result.name} is valid")
+        if len(results) > 1:
+            print(f"{len(results) - len(invalid)} valid, {len(invalid)} invalid", file=sys.stderr if invalid else sys.stdout)
+    return 2 if invalid else 0
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a --vllm-version that is not a release the support table was read from."""
+    from ..vllm_support import KNOWN_VERSIONS, known_version
+
+    if not known_version(version):
+        raise UserError(f"--vllm-version {version}: unknown vLLM version; known: {', '.join(KNOWN_VERSIONS)} "
+                        "and their patch releases, or a release before 0.8.2 (the legacy flags)")
+
+
+def with_vllm_version(service, version: str):
+    engine = service.spec.engine.model_copy(update={"version": version})
+    return service.model_copy(update={"spec": service.spec.model_copy(update={"engine": engine})})
 
 
 @command
@@ -105,10 +223,11 @@ def _render(sub: argparse._SubParsersAction) -> None:
 def run_render(args: argparse.Namespace) -> int:
     from ..render import RenderError, SpeculationChoice, initial_choice, render_all
 
+    if args.vllm_version:
+        check_vllm_version(args.vllm_version)
     service = load_service(args.filename)
     if args.vllm_version:
-        engine = service.spec.engine.model_copy(update={"version": args.vllm_version})
-        service = service.model_copy(update={"spec": service.spec.model_copy(update={"engine": engine})})
+        service = with_vllm_version(service, args.vllm_version)
     spec = service.spec
     if args.off:
         choice = SpeculationChoice.off()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import subprocess
 import sys
 
 from specdecode.cli import UserError, command
@@ -59,6 +61,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     kubeconfig = actions.add_parser("kubeconfig", help="print the kubeconfig path (export KUBECONFIG=$(...))")
     _add_target_arguments(kubeconfig)
     kubeconfig.set_defaults(func=_kubeconfig)
+
+    env = actions.add_parser(
+        "env", help="print the exports that put the stack's kubectl and helm first on PATH (eval \"$(...)\")")
+    _add_target_arguments(env)
+    env.set_defaults(func=_env)
+
+    kubectl = actions.add_parser(
+        "kubectl", help="run the stack's own kubectl (the control plane's version) against the cluster",
+        description="Everything after `kubectl` is passed to kubectl, with --kubeconfig set to the cluster's.")
+    _add_target_arguments(kubectl)
+    kubectl.add_argument("kubectl_args", nargs=argparse.REMAINDER, metavar="ARGS", help="kubectl's arguments")
+    kubectl.set_defaults(func=_kubectl)
 
 
 def _cluster(args: argparse.Namespace):
@@ -157,3 +171,39 @@ def _kubeconfig(args: argparse.Namespace) -> int:
     except ClusterError as err:
         raise _fail(err) from err
     return 0
+
+
+def env_exports(kubeconfig: str, bin_dirs: list[str]) -> list[str]:
+    """Shell lines that point kubectl/helm at the cluster and put the stack's binaries first."""
+    path = ":".join(shlex.quote(d) for d in dict.fromkeys(bin_dirs))
+    return [f"export KUBECONFIG={shlex.quote(kubeconfig)}", f'export PATH={path}:"$PATH"']
+
+
+def _binaries_and_kubeconfig(args: argparse.Namespace):
+    """The cached binaries and the kubeconfig of a running cluster; a UserError otherwise."""
+    from specdecode.localstack.build import cached_binaries
+    from specdecode.localstack.cluster import ClusterError
+
+    binaries = cached_binaries()
+    if binaries is None:
+        raise UserError("the local stack's binaries are not built: run `specdecode cluster build` first")
+    try:
+        return binaries, _cluster(args).kubeconfig()
+    except ClusterError as err:
+        raise _fail(err) from err
+
+
+def _env(args: argparse.Namespace) -> int:
+    binaries, kubeconfig = _binaries_and_kubeconfig(args)
+    print(f"# kubectl {binaries.kubernetes_version} and helm {binaries.helm_version} of the local stack; "
+          f"run: eval \"$(specdecode cluster env --name {args.name})\"")
+    for line in env_exports(str(kubeconfig), [str(binaries.kubectl.parent), str(binaries.helm.parent)]):
+        print(line)
+    return 0
+
+
+def _kubectl(args: argparse.Namespace) -> int:
+    binaries, kubeconfig = _binaries_and_kubeconfig(args)
+    sys.stdout.flush()
+    return subprocess.run([str(binaries.kubectl), "--kubeconfig", str(kubeconfig), *args.kubectl_args],
+                          env=dict(os.environ)).returncode

@@ -84,7 +84,13 @@ KWOK = ComponentSpec(
     packages=("sigs.k8s.io/kwok/cmd/kwok", "sigs.k8s.io/kwok/cmd/kwokctl"),
     binaries=("kwok", "kwokctl"),
 )
-COMPONENTS: tuple[ComponentSpec, ...] = (ETCD, KWOK, KUBERNETES)
+HELM = ComponentSpec(
+    name="helm",
+    module="helm.sh/helm/v3",
+    packages=("helm.sh/helm/v3/cmd/helm",),
+    binaries=("helm",),
+)
+COMPONENTS: tuple[ComponentSpec, ...] = (ETCD, KWOK, KUBERNETES, HELM)
 
 
 @dataclass(frozen=True)
@@ -121,9 +127,11 @@ class Binaries:
     etcd: Path
     kwok: Path
     kwokctl: Path
+    helm: Path
     kubernetes_version: str
     etcd_version: str
     kwok_version: str
+    helm_version: str
 
     def as_dict(self) -> dict[str, str]:
         return {key: str(value) for key, value in self.__dict__.items()}
@@ -190,11 +198,32 @@ def kubernetes_version_ldflags(version: str, build_date: str) -> tuple[str, ...]
     )
 
 
-def ldflags_for(spec: ComponentSpec, version: str, build_date: str) -> tuple[str, ...]:
+def helm_version_ldflags(version: str, client_go_version: str) -> tuple[str, ...]:
+    """Linker flags that stamp Helm's version and the Kubernetes minor it was built against.
+
+    Helm's Makefile stamps both: without them `helm version` says "v3.19" and `helm template`
+    / `helm lint` assume Kubernetes 1.20 for `.Capabilities.KubeVersion`. The Kubernetes
+    minor comes from the client-go that the pinned Helm requires (v0.34.x -> 1.34).
+    """
+    match = re.fullmatch(r"v0\.(\d+)\.\d+", client_go_version)
+    if not match:
+        raise BuildError(f"unexpected client-go version {client_go_version!r}: expected v0.MINOR.PATCH")
+    k8s = {"k8sVersionMajor": "1", "k8sVersionMinor": match.group(1)}
+    return (
+        f"-X helm.sh/helm/v3/internal/version.version={version}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+        *(f"-X helm.sh/helm/v3/pkg/{package}.{name}={value}"
+          for package in ("lint/rules", "chartutil") for name, value in k8s.items()),
+    )
+
+
+def ldflags_for(spec: ComponentSpec, version: str, build_date: str, gomod_text: str = "") -> tuple[str, ...]:
     """Strip symbols and DWARF (`-s -w`: a third of the size, faster links) plus version stamps."""
     flags: tuple[str, ...] = ("-s", "-w")
     if spec is KUBERNETES:
         flags += kubernetes_version_ldflags(version, build_date)
+    if spec is HELM:
+        flags += helm_version_ldflags(version, required_version(gomod_text, "k8s.io/client-go"))
     return flags
 
 
@@ -216,7 +245,7 @@ def build_digest(spec: ComponentSpec, version: str, sources: Mapping[str, bytes]
         "version": version,
         "packages": spec.packages,
         "binaries": spec.binaries,
-        "ldflags": ldflags_for(spec, version, _DIGEST_BUILD_DATE),
+        "ldflags": ldflags_for(spec, version, _DIGEST_BUILD_DATE, sources.get("go.mod", b"").decode()),
         "target": goos_goarch,
         "cgo": False,
     }, sort_keys=True).encode())
@@ -236,13 +265,14 @@ def plan_component(
     """Plan one component's build from its builder module's files (pure)."""
     if "go.mod" not in sources or "go.sum" not in sources:
         raise BuildError(f"{builder_dir} lacks go.mod or go.sum: the package is installed incompletely")
-    version = required_version(sources["go.mod"].decode(), spec.module)
+    gomod_text = sources["go.mod"].decode()
+    version = required_version(gomod_text, spec.module)
     return ComponentBuild(
         spec=spec,
         version=version,
         builder_dir=builder_dir,
         cache_dir=cache_root / f"{spec.name}-{version}",
-        ldflags=ldflags_for(spec, version, build_date),
+        ldflags=ldflags_for(spec, version, build_date, gomod_text),
         digest=build_digest(spec, version, sources, goos_goarch),
     )
 
@@ -484,7 +514,7 @@ def ensure_binaries(progress: bool = True, cache_root: Path | None = None, rebui
 
 def binaries_from(builds: Sequence[ComponentBuild]) -> Binaries:
     by_name = {build.spec.name: build for build in builds}
-    kubernetes, etcd, kwok = by_name[KUBERNETES.name], by_name[ETCD.name], by_name[KWOK.name]
+    kubernetes, etcd, kwok, helm = (by_name[spec.name] for spec in (KUBERNETES, ETCD, KWOK, HELM))
     return Binaries(
         kube_apiserver=kubernetes.binary("kube-apiserver"),
         kube_controller_manager=kubernetes.binary("kube-controller-manager"),
@@ -493,9 +523,11 @@ def binaries_from(builds: Sequence[ComponentBuild]) -> Binaries:
         etcd=etcd.binary("etcd"),
         kwok=kwok.binary("kwok"),
         kwokctl=kwok.binary("kwokctl"),
+        helm=helm.binary("helm"),
         kubernetes_version=kubernetes.version,
         etcd_version=etcd.version,
         kwok_version=kwok.version,
+        helm_version=helm.version,
     )
 
 
@@ -503,3 +535,11 @@ def cached_binaries(cache_root: Path | None = None) -> Binaries | None:
     """The binaries if all are cached, else None (never builds)."""
     builds = plan_builds(cache_root)
     return binaries_from(builds) if all(is_cached(build) for build in builds) else None
+
+
+def cached_binary(component: str, binary: str, cache_root: Path | None = None) -> Path | None:
+    """One cached binary (say helm, for offline chart tests) whatever the other components' state."""
+    for build in plan_builds(cache_root):
+        if build.spec.name == component and is_cached(build):
+            return build.binary(binary)
+    return None
