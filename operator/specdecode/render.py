@@ -398,11 +398,13 @@ def _prometheus_label(k8s_label: str) -> str:
 
 
 def render_pod_monitor(service: api.SpecDecodeService, owner_uid: Optional[str] = None) -> dict[str, Any]:
+    protocols = service.spec.metrics.scrape_protocols
     return {
         "apiVersion": PODMONITOR_API_VERSION,
         "kind": "PodMonitor",
         "metadata": _metadata(service, owner_uid),
         "spec": {
+            **({"scrapeProtocols": list(protocols)} if protocols else {}),
             "selector": {"matchLabels": selector_labels(service.name)},
             "podMetricsEndpoints": [
                 {
