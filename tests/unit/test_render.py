@@ -117,6 +117,16 @@ def test_podmonitor_relabels_to_the_names_promql_groups_by():
     assert targets == {C.PROM_LABEL_SERVICE, C.PROM_LABEL_CONFIG_HASH}
 
 
+def test_podmonitor_pins_the_scrape_protocols_only_when_asked(minimal_spec):
+    assert "scrapeProtocols" not in render.render_pod_monitor(_service(minimal_spec))["spec"]
+    spec = {**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4"]}}
+    assert render.render_pod_monitor(_service(spec))["spec"]["scrapeProtocols"] == ["PrometheusText0.0.4"]
+    with pytest.raises(api.SpecError, match="scrapeProtocols"):
+        _service({**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4", "PrometheusText0.0.4"]}})
+    with pytest.raises(api.SpecError, match="scrapeProtocols"):
+        _service({**minimal_spec, "metrics": {"scrapeProtocols": ["Text"]}})
+
+
 def test_owner_reference_when_the_operator_renders():
     objects = render.render_all(_sample(DRAFT_SAMPLE), render.SpeculationChoice(k=4), owner_uid="1234")
     for obj in objects:
