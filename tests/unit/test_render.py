@@ -150,6 +150,48 @@ def test_per_batch_size_table_is_capped_at_k(minimal_spec):
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
 
 
+@pytest.mark.parametrize("version, off", [
+    ("0.7.3", ["--enable-chunked-prefill=False"]),   # StoreBoolean, no --no- form (wheel arg_utils.py:745)
+    ("0.8.0", ["--enable-chunked-prefill=False"]),
+    ("0.8.4", ["--enable-chunked-prefill=False"]),
+    ("0.8.5", ["--no-enable-chunked-prefill"]),      # BooleanOptionalAction from here on
+    ("0.33.0", ["--no-enable-chunked-prefill"]),
+    ("nightly", ["--no-enable-chunked-prefill"]),
+])
+def test_chunked_prefill_off_in_each_releases_own_form(minimal_spec, version, off):
+    def args(enabled):
+        spec = {**minimal_spec, "engine": {"version": version, "enableChunkedPrefill": enabled}}
+        return _args(render.render_all(_service(spec), render.SpeculationChoice.off()))
+
+    assert [a for a in args(False) if "chunked" in a] == off
+    assert [a for a in args(True) if "chunked" in a] == ["--enable-chunked-prefill"]
+
+
+TABLE = [{"minBatchSize": 1, "maxBatchSize": 8, "k": 3}, {"minBatchSize": 9, "maxBatchSize": 64, "k": 0}]
+
+
+def test_a_k_table_vllm_would_drop_for_the_method_is_refused(minimal_spec):
+    def spec(version):
+        return {**minimal_spec, "speculation": {"method": "suffix", "numSpeculativeTokens": 4, "perBatchSizeK": TABLE},
+                "engine": {"version": version}}
+
+    # 0.32.0 passes the table's K to the suffix proposer; 0.33.0 runs suffix on Model Runner V1,
+    # which drops the table with only a warning in the pod's log.
+    assert "--speculative-config" in _args(render.render_all(_service(spec("0.32.0")), render.SpeculationChoice(k=4)))
+    with pytest.raises(render.RenderError, match=r"^spec.speculation.perBatchSizeK: .*Model Runner V1.*remove it"):
+        render.render_all(_service(spec("0.33.0")), render.SpeculationChoice(k=4))
+
+
+@pytest.mark.parametrize("version, why", [("0.33.0", "drops it with data parallelism"), ("0.25.0", "deadlock")])
+def test_a_k_table_with_data_parallelism_is_refused(minimal_spec, version, why):
+    spec = {**minimal_spec, "speculation": {"method": "ngram", "numSpeculativeTokens": 4, "perBatchSizeK": TABLE},
+            "engine": {"version": version, "extraArgs": ["--data-parallel-size", "2"]}}
+    with pytest.raises(render.RenderError, match=f"spec.speculation.perBatchSizeK: .*{why}.*--data-parallel-size"):
+        render.render_all(_service(spec), render.SpeculationChoice(k=4))
+    spec["engine"]["extraArgs"] = ["-dp=1"]
+    assert _args(render.render_all(_service(spec), render.SpeculationChoice(k=4)))[-1] == "-dp=1"
+
+
 def test_draft_model_sharded_unlike_the_target_is_a_render_error(minimal_spec):
     spec = {**minimal_spec, "speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 1}, "resources": {"gpus": 2}}
     with pytest.raises(render.RenderError, match="draftTensorParallelSize.*set it to 2"):
