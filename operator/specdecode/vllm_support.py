@@ -633,6 +633,40 @@ INVALID_MODEL_PATTERN = re.compile(
     # directory with config.json / params.json.
     r"Invalid repository ID or local directory specified: '(?P<model>[^']*)'"
 )
+# Model Runner V2 (0.33.0) picks a proposer per method and raises for the rest:
+# vllm/v1/worker/gpu/spec_decode/__init__.py:94 NotImplementedError. vLLM chooses V1 by itself
+# for suffix and custom_class (vllm/config/vllm.py:3066-3067 list them as unsupported by V2,
+# :758-765 fall back to V1), so the error shows when VLLM_USE_V2_MODEL_RUNNER=1 forces V2
+# (vllm/config/vllm.py:748-750 honours the variable before that check).
+V2_RUNNER_UNSUPPORTED_METHOD_MESSAGE = 'f"{speculative_config.method} is not supported yet."'
+V2_RUNNER_UNSUPPORTED_METHOD_PATTERN = re.compile(
+    r"(?:^|NotImplementedError: )(?P<method>[a-z][\w]*) is not supported yet\.$"
+)
+V2_RUNNER_METHODS: frozenset[str] = frozenset(  # init_speculator's branches, same file :14-92
+    {"extract_hidden_states", "dflash", "dspark", "mtp", "eagle", "eagle3", "draft_model", "ngram", "ngram_gpu"}
+)
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+# A model that cannot be fetched: no network to the Hub, or offline mode without the model
+# in the cache. vLLM 0.33.0 logs the Hub lookup's failure (vllm/transformers_utils/
+# repo_utils.py:124 `"%s: %s", "Error retrieving file list", e`, from :171) and then rewraps it
+# as INVALID_MODEL_PATTERN's ValueError (config.py:910-922, `raise ... from e`); with
+# HF_HUB_OFFLINE=1 vllm/engine/arg_utils.py:933-945 resolves the model through
+# huggingface_hub's snapshot_download, which raises LocalEntryNotFoundError. Texts of
+# huggingface_hub 2.4.0 (vLLM 0.33.0 requires huggingface_hub>=1.31.0): _snapshot_download.py
+# :382-404, file_download.py:1945-1966, utils/_http.py:294-296 (OfflineModeIsEnabled).
+HUB_OFFLINE_PATTERN = re.compile(
+    r"outgoing traffic has been disabled|offline mode is enabled"
+)
+HUB_UNREACHABLE_PATTERN = re.compile(
+    r"Please check your (?:internet )?connection"
+    r"|Error retrieving file list: .*(?:Errno|[Cc]onnect|[Tt]ime ?out|timed out|resol|[Uu]nreachable"
+    r"|refused|SSL|[Pp]roxy)"
+)
+NON_DEFAULT_ARGS_PREFIX = (  # vllm/entrypoints/common/startup.py:96, logged at start-up
+    "non-default args: "
+)
+
 ENGINE_CORE_FAILED_WRAPPERS = (
     # Wrappers that point at the root cause above them: never the cause themselves.
     "Engine core initialization failed.",  # vllm/v1/engine/utils.py:1473-1476, RuntimeError
