@@ -67,8 +67,17 @@ def run_crd(args: argparse.Namespace) -> int:
 
 @command
 def _validate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check a SpecDecodeService file as the apiserver and the operator would")
+    p = sub.add_parser(
+        "validate",
+        help="check a SpecDecodeService file as the apiserver and the operator would",
+        description="Check a SpecDecodeService file as the apiserver and the operator would. With "
+        "--vllm, also run the installed vLLM's own `vllm serve` argument parser and speculative-config "
+        "checks on every config the operator may render (off, K = minK..maxK): exit 2 when vLLM would "
+        "refuse one, 1 when it would silently drop part of it.",
+    )
     p.add_argument("-f", "--filename", required=True, help="YAML file, or - for standard input")
+    p.add_argument("--vllm", action="store_true",
+                   help="also check with the installed vLLM (pip install 'specdecode-operator[vllm]')")
     p.set_defaults(func=run_validate)
 
 
@@ -80,7 +89,36 @@ def run_validate(args: argparse.Namespace) -> int:
         render_all(service, initial_choice(service.spec))
     except RenderError as err:
         raise UserError(f"{args.filename}: {err}") from None
+    if args.vllm:
+        return _validate_with_vllm(args.filename, service)
     print(f"{args.filename}: SpecDecodeService {service.namespace}/{service.name} is valid")
+    return 0
+
+
+def _validate_with_vllm(filename: str, service) -> int:
+    from .. import vllm_check
+    from ..render import RenderError
+
+    try:
+        installed = vllm_check.installed_version()
+        findings = vllm_check.check_service(service)
+    except vllm_check.VllmMissing as err:
+        raise UserError(str(err)) from None
+    except RenderError as err:
+        raise UserError(f"{filename}: {err}") from None
+    declared = service.spec.engine.version
+    note = "" if installed.lstrip("v") == declared.lstrip("v") else (
+        f" (spec.engine.version says {declared}: the image's vLLM is what counts)"
+    )
+    for line in vllm_check.describe(findings):
+        print(f"{filename}: {line}", file=sys.stderr)
+    if any(f.kind == vllm_check.REFUSED for f in findings):
+        return 2
+    if findings:
+        return 1
+    checked = len(vllm_check.configs_to_check(service.spec))
+    print(f"{filename}: SpecDecodeService {service.namespace}/{service.name} is valid; vLLM {installed}{note} "
+          f"accepts all {checked} configs the operator may render")
     return 0
 
 
