@@ -4,8 +4,9 @@ Needs vLLM in the same Python environment (the optional extra `specdecode-operat
 or a vLLM you already have); nothing here reimplements vLLM's rules, it calls them:
 
 1. the `vllm serve` argument parser, built as `vllm/entrypoints/cli/main.py` builds it
-   (`FlexibleArgumentParser`, `ServeSubcommand.subparser_init`), then
-   `ServeSubcommand.validate` on the parsed arguments;
+   (`FlexibleArgumentParser`, `ServeSubcommand.subparser_init`; on a machine without a GPU
+   with vLLM's CPU platform, as its `vllm bench` does), then `ServeSubcommand.validate` on
+   the parsed arguments;
 2. every key of `--speculative-config` against `SpeculativeConfig`'s own fields and their
    annotated types (pydantic, `extra="forbid"` as vLLM's `@config` sets it). Building the
    whole `SpeculativeConfig` needs the target's and the draft's configs (the Hub or the
@@ -73,6 +74,19 @@ def installed_version() -> str:
         raise VllmMissing(INSTALL_HINT) from None
 
 
+def _cpu_platform_without_gpu() -> None:
+    """On a machine without a GPU (a CI runner) vLLM detects no platform and cannot even build
+    its parser (DeviceConfig's default needs a device type). vLLM's own CLI then switches to its
+    CPU platform for `vllm bench` (vllm/entrypoints/cli/main.py:73-86); do the same. Only
+    device-dependent defaults differ from the pod's; the arguments are checked alike."""
+    from vllm import platforms
+
+    if platforms.current_platform.is_unspecified():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms.current_platform = CpuPlatform()
+
+
 class _Checker:
     """vLLM's parser and config classes, imported once."""
 
@@ -83,6 +97,7 @@ class _Checker:
             from vllm.utils.argparse_utils import FlexibleArgumentParser
         except ImportError as err:
             raise VllmMissing(f"{INSTALL_HINT} (import failed: {err})") from None
+        _cpu_platform_without_gpu()
         self.speculative_config_class = SpeculativeConfig
         self.serve = ServeSubcommand()
         parser = FlexibleArgumentParser(description="vLLM CLI")

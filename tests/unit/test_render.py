@@ -253,7 +253,9 @@ def specs(draw):
     if method == "ngram" and draw(st.booleans()):
         lo = draw(st.integers(1, 6))
         speculation["ngram"] = {"promptLookupMin": lo, "promptLookupMax": draw(st.integers(lo, 8))}
-    if draw(st.booleans()):
+    # vLLM 0.33 (the default version) drops a table for suffix: the renderer refuses that pair
+    # (test_a_k_table_vllm_would_drop_for_the_method_is_refused).
+    if method != "suffix" and draw(st.booleans()):
         split = draw(st.integers(1, 63))
         speculation["perBatchSizeK"] = [
             {"minBatchSize": 1, "maxBatchSize": split, "k": draw(st.integers(0, max_k))},

@@ -110,6 +110,8 @@ def _validate_with_vllm(filename: str, service) -> int:
     note = "" if installed.lstrip("v") == declared.lstrip("v") else (
         f" (spec.engine.version says {declared}: the image's vLLM is what counts)"
     )
+    if findings and note:
+        print(f"{filename}: checked with the installed vLLM {installed}{note}", file=sys.stderr)
     for line in vllm_check.describe(findings):
         print(f"{filename}: {line}", file=sys.stderr)
     if any(f.kind == vllm_check.REFUSED for f in findings):
