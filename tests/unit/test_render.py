@@ -127,6 +127,22 @@ def test_podmonitor_pins_the_scrape_protocols_only_when_asked(minimal_spec):
         _service({**minimal_spec, "metrics": {"scrapeProtocols": ["Text"]}})
 
 
+def test_podmonitor_matches_the_pinned_prometheus_operator_schema(minimal_spec):
+    """The PodMonitor CRD shipped under manifests/third_party validates what we render, and the
+    API offers exactly its scrape protocols."""
+    import typing
+
+    import jsonschema
+
+    crd = load_yaml(REPO / "manifests" / "third_party" / "prometheus-operator" / "monitoring.coreos.com_podmonitors.yaml")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    protocols = schema["properties"]["spec"]["properties"]["scrapeProtocols"]["items"]["enum"]
+    hint = typing.get_type_hints(api.Metrics)["scrape_protocols"]
+    assert set(typing.get_args(typing.get_args(hint)[0])) == set(protocols)
+    spec = {**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4", "OpenMetricsText1.0.0"]}}
+    jsonschema.validate(render.render_pod_monitor(_service(spec)), schema)
+
+
 def test_owner_reference_when_the_operator_renders():
     objects = render.render_all(_sample(DRAFT_SAMPLE), render.SpeculationChoice(k=4), owner_uid="1234")
     for obj in objects:
