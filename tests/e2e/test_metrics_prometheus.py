@@ -401,3 +401,36 @@ def test_prometheus_stopped_is_unavailable():
     result = reader.read([QueryScope.of(30)], at=time.time())
     assert isinstance(result, metrics.MetricsUnavailable)
 
+
+
+DASHBOARD = (
+    __import__("pathlib").Path(__file__).resolve().parents[2]
+    / "manifests" / "overlays" / "prometheus-operator" / "dashboards" / "specdecode.json"
+)
+
+
+def test_dashboard_panels_read_the_pods_under_either_name(stack):
+    """The shipped dashboard's vLLM panels on the series as this Prometheus stored them: the
+    acceptance rate agrees with the reader's, and the running requests add up both pods."""
+    import json
+
+    url, _, _ = stack
+    at = latest_sample_time(url)
+    panels = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in json.loads(DASHBOARD.read_text())["panels"]}
+
+    def panel(title: str, index: int = 0) -> list[dict]:
+        expr = panels[title][index]
+        for variable, value in {"$__rate_interval": "10s", "$namespace": "team-a", "$service": "llama"}.items():
+            expr = expr.replace(variable, value)
+        return query(url, expr, at)
+
+    (acceptance,) = panel("Acceptance rate")
+    scope = QueryScope.of(10, {"namespace": "team-a"})
+    result = PrometheusReader(PrometheusAccess(url, timeout_s=5)).read([scope], at)
+    (obs,) = result.observations[scope].values()
+    assert float(acceptance["value"][1]) == pytest.approx(obs.speculation.acceptance_rate, rel=0.05)
+    (running,) = panel("Requests running and waiting")
+    # Both pods' gauges, each once, whichever name each is stored under.
+    panels["pods"] = [panels["Requests running and waiting"][0].replace("sum by", "count by", 1)]
+    (pods,) = panel("pods")
+    assert float(pods["value"][1]) == 2 and float(running["value"][1]) > 0
