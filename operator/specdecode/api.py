@@ -787,6 +787,25 @@ class Metrics(ApiModel):
         "where the PodMonitor CRD is served.",
     )
     scrape_interval: str = Duration("15s", "Scrape interval of the PodMonitor.")
+    scrape_protocols: list[
+        Literal["PrometheusProto", "OpenMetricsText0.0.1", "OpenMetricsText1.0.0", "PrometheusText0.0.4", "PrometheusText1.0.0"]
+    ] = Field(
+        default_factory=list,
+        description="The PodMonitor's `scrapeProtocols` (Prometheus >= 2.49), most preferred first. "
+        "Unset, Prometheus 2.x negotiates OpenMetrics and stores vLLM's series as `vllm_...`; "
+        "`[PrometheusText0.0.4]` keeps vLLM's own `vllm:...` names. The operator reads either.",
+        max_length=5,
+    )
+
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!has(self.scrapeProtocols) || "
+            "self.scrapeProtocols.all(p, self.scrapeProtocols.filter(q, q == p).size() == 1)",
+            message="metrics.scrapeProtocols lists a protocol twice: name each at most once",
+            check=lambda m: len(set(m.scrape_protocols)) == len(m.scrape_protocols),
+            field=".scrapeProtocols",
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -947,6 +966,13 @@ class Observations(StatusModel):
     preemption_rate: Optional[float] = Field(None, description="Preemptions per second.")
     generation_tokens_per_second: Optional[float] = Field(None, description="Generated tokens per second.")
     staleness_seconds: Optional[float] = Field(None, description="Age of the newest sample at evaluation.")
+    metric_names: Optional[str] = Field(
+        None,
+        description="How Prometheus stores vLLM's series: `vllm:` (vLLM's own names) or `vllm_` "
+        "(Prometheus 2.x negotiated OpenMetrics and the server escaped the colon); both while the "
+        "two exist. The operator reads either.",
+        max_length=32,
+    )
 
 
 class Recommendation(StatusModel):

@@ -160,7 +160,7 @@ class Controller:
             return None
         first = failing[0]
         log_text = self.kube.pod_log(service.namespace, first.pod, first.container, previous=first.previous_log)
-        speculation = failures.PodSpeculation.of(spec, enabled=choice.enabled)
+        speculation = failures.PodSpeculation.of(spec, enabled=choice.enabled, k=choice.k)
         return first, failures.diagnose_pod_failure(first, log_text, speculation)
 
     def _apply_children(

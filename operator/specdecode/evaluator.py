@@ -108,6 +108,7 @@ class Evaluator:
         result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
         self._last_evaluated[(namespace, name)] = now.timestamp()
 
+        self._log_metric_names(namespace, name, status, result.status)
         if result.status.to_wire() != status.to_wire():
             self.kube.replace_status(body, result.status.to_wire())
         for type_, reason, message in result.events:
@@ -117,6 +118,15 @@ class Evaluator:
             self.log.info("%s/%s: %s (%s)", namespace, name, decision.action.value, decision.reason)
             self.controller.reconcile(namespace, name)
         return decision
+
+    def _log_metric_names(self, namespace: str, name: str, before: api.SpecDecodeServiceStatus,
+                          after: api.SpecDecodeServiceStatus) -> None:
+        """Say once how Prometheus stores the service's vLLM series (and when that changes)."""
+        old = before.observations.metric_names if before.observations else None
+        new = after.observations.metric_names if after.observations else None
+        if new and new != old:
+            self.log.info("%s/%s: Prometheus stores vLLM's series as %s... (status.observations.metricNames)",
+                          namespace, name, new)
 
     def _record(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
                 decision: policy.Decision, window: Optional[metrics.Observation]) -> None:

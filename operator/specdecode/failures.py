@@ -51,6 +51,7 @@ class Cause(StrEnum):
     GPU_MEMORY_IN_USE = "GpuMemoryInUse"
     MODEL_NOT_FOUND = "ModelNotFound"
     MODEL_ACCESS_DENIED = "ModelAccessDenied"
+    MODEL_UNAVAILABLE = "ModelUnavailable"  # the Hub unreachable, or offline and not cached
     # From the pod's status, when the log shows nothing known (diagnose_pod_failure):
     HOST_OUT_OF_MEMORY = "HostOutOfMemory"
     IMAGE_PULL_FAILED = "ImagePullFailed"
@@ -79,17 +80,23 @@ class PodSpeculation:
 
     method: str
     draft_model: Optional[str] = None
+    num_speculative_tokens: Optional[int] = None
 
     @property
     def loads_draft_weights(self) -> bool:
         return self.method in _METHODS_LOADING_DRAFT_WEIGHTS
 
     @classmethod
-    def of(cls, spec: api.SpecDecodeServiceSpec, enabled: bool) -> Optional["PodSpeculation"]:
-        """What pods rendered from ``spec`` run: None when speculation is off in them."""
+    def of(cls, spec: api.SpecDecodeServiceSpec, enabled: bool, k: Optional[int] = None) -> Optional["PodSpeculation"]:
+        """What pods rendered from ``spec`` run (K = ``k``, else the spec's initial K): None
+        when speculation is off in them."""
         if not enabled:
             return None
-        return cls(method=spec.speculation.method.value, draft_model=spec.speculation.draft_model)
+        return cls(
+            method=spec.speculation.method.value,
+            draft_model=spec.speculation.draft_model,
+            num_speculative_tokens=k if k is not None else spec.speculation.num_speculative_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -444,7 +451,26 @@ def _fix_cuda_oom(hit: _Hit) -> str:
     return (
         f"the GPU ran out of memory{what}{context}: lower engine.gpuMemoryUtilization to leave room "
         "for activations and CUDA graphs, or lower engine.maxNumSeqs or model.maxModelLen"
-        + _draft_clause(hit, "; a smaller draft or fewer speculative tokens also frees memory")
+        + _speculative_memory_clause(hit)
+    )
+
+
+def _speculative_memory_clause(hit: _Hit) -> str:
+    """What the speculation itself costs in GPU memory, named when the pod's speculation is
+    known: the draft's weights, and the K drafted tokens verified per sequence each step."""
+    spec = hit.speculation
+    if spec is None or not spec.loads_draft_weights:
+        return ""
+    draft = f"speculation.draftModel '{spec.draft_model}'" if spec.draft_model else f"the {spec.method} weights"
+    k = spec.num_speculative_tokens
+    fewer = (
+        f"fewer speculative tokens than K={k} (speculation.numSpeculativeTokens, maxK)"
+        if k else "fewer speculative tokens (speculation.maxK)"
+    )
+    return (
+        f"; speculation's share: {draft} holds memory beside the target, so use a smaller draft, "
+        f"or {fewer} (each drafted token is verified for every sequence in the step), and leave "
+        "the draft's activations headroom below engine.gpuMemoryUtilization"
     )
 
 
@@ -504,6 +530,104 @@ def _fix_access_denied(hit: _Hit) -> str:
     )
 
 
+def _is_known_method(hit: _Hit) -> bool:
+    # "Video is not supported yet." and the like are not about speculation.
+    return hit.match.group("method") in vs.METHODS_BY_VERSION
+
+
+def _fix_v2_runner_method(hit: _Hit) -> str:
+    method = hit.match.group("method")
+    v2 = ", ".join(sorted(m for m in vs.V2_RUNNER_METHODS if m in {x.value for x in api.SpeculationMethod}))
+    return (
+        f"Model Runner V2 has no proposer for method '{method}'; {method} runs on Model Runner V1 "
+        f"({_method_versions(method)}), which vLLM picks by itself for it unless "
+        f"{vs.V2_RUNNER_ENV}=1 forces V2: remove {vs.V2_RUNNER_ENV} from engine.env, or choose a "
+        f"method V2 runs ({v2})"
+    )
+
+
+def _model_named_in_log(hit: _Hit) -> Optional[str]:
+    """The model a lookup failure is about, when vLLM's rewrapped error names it (offline
+    mode fails inside huggingface_hub, which names no model)."""
+    for line in hit.lines:
+        for pattern in (vs.INVALID_MODEL_PATTERN, _NOT_A_MODEL):
+            found = pattern.search(line)
+            if found:
+                return found.group("model").strip()
+    return None
+
+
+def _which_model_unavailable(hit: _Hit) -> tuple[str, bool]:
+    """How the fix names the model, and whether it is the pod's draft."""
+    model = _model_named_in_log(hit)
+    draft = hit.speculation.draft_model if hit.speculation else None
+    if model and draft and _same_model(model, draft):
+        return f"speculation.draftModel '{model}'", True
+    if model:
+        return (f"model.name '{model}'" if hit.speculation is not None else f"'{model}'"), False
+    return "the model", False
+
+
+def _is_unavailable_draft(hit: _Hit) -> bool:
+    return _which_model_unavailable(hit)[1]
+
+
+def _fix_hub_offline(hit: _Hit) -> str:
+    model, _ = _which_model_unavailable(hit)
+    return (
+        f"{model} is not in the model cache and HF_HUB_OFFLINE is set, so vLLM may not download it: "
+        "pre-populate the model-cache volume (modelCache, a PersistentVolumeClaim) with it, or "
+        "unset HF_HUB_OFFLINE in engine.env to let the pod download it"
+    )
+
+
+def _fix_hub_unreachable(hit: _Hit) -> str:
+    model, _ = _which_model_unavailable(hit)
+    return (
+        f"the pod cannot reach the Hugging Face Hub and {model} is not in its cache: allow egress "
+        "to huggingface.co (NetworkPolicy, or a proxy through HTTPS_PROXY in engine.env), or "
+        "pre-populate the model-cache volume (modelCache) and set HF_HUB_OFFLINE=1; a gated "
+        "model also needs the token Secret (modelCache.hfTokenSecret)"
+    )
+
+
+def speculation_from_log(text: str) -> Optional[PodSpeculation]:
+    """The speculation a vLLM pod ran, from the start-up line vLLM logs with its arguments
+    (``non-default args: {...}``, vllm/entrypoints/common/startup.py:96); None when the log
+    has no such line or it shows no speculative config."""
+    import ast
+
+    for raw in text.splitlines():
+        line = strip_log_prefix(raw)
+        at = line.find(vs.NON_DEFAULT_ARGS_PREFIX)
+        if at < 0:
+            continue
+        key = line.find("'speculative_config': {", at)
+        if key < 0:
+            return None
+        start = line.index("{", key)
+        depth = 0
+        for end in range(start, len(line)):
+            depth += {"{": 1, "}": -1}.get(line[end], 0)
+            if depth == 0:
+                break
+        try:
+            config = ast.literal_eval(line[start : end + 1])
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(config, dict):
+            return None
+        model = config.get("model")
+        method = config.get("method") or ("ngram" if model in ("ngram", "[ngram]") else "draft_model")
+        k = config.get("num_speculative_tokens")
+        return PodSpeculation(
+            method=str(method),
+            draft_model=str(model) if model and method != "ngram" else None,
+            num_speculative_tokens=k if isinstance(k, int) else None,
+        )
+    return None
+
+
 def _config_fault(cause: Cause, fix: Callable[[_Hit], str], *patterns: re.Pattern[str]) -> tuple[_Rule, ...]:
     """Rules for texts that prove the speculative config itself is at fault."""
     return tuple(_Rule(cause, pattern, fix, _always) for pattern in patterns)
@@ -552,6 +676,8 @@ RULES: tuple[_Rule, ...] = (
         Cause.DRAFT_MODEL_UNSUPPORTED, _fix_draft_model_unsupported, _fragment(vs.DRAFT_MODEL_NOT_SUPPORTED_PREFIX)
     ),
     *_config_fault(Cause.UNSUPPORTED_METHOD, _fix_unsupported_method, vs.UNSUPPORTED_METHOD_PATTERN),
+    _Rule(Cause.UNSUPPORTED_METHOD, vs.V2_RUNNER_UNSUPPORTED_METHOD_PATTERN, _fix_v2_runner_method, _always,
+          applies=_is_known_method),
     _Rule(Cause.UNSUPPORTED_METHOD, _LITERAL_ERROR, _fix_literal_method, _always, _show_pydantic_field_error,
           _is_method_field),
     _Rule(Cause.UNKNOWN_SPECULATIVE_KEY, _UNKNOWN_KEY_ERROR, _fix_unknown_key, _always,
@@ -591,6 +717,9 @@ RULES: tuple[_Rule, ...] = (
     _Rule(Cause.OUT_OF_MEMORY, _fragment(vs.KV_CACHE_NO_MEMORY_PREFIX), _fix_kv_cache_none, _when_draft_loaded),
     _Rule(Cause.OUT_OF_MEMORY, _CUDA_OOM, _fix_cuda_oom, _when_draft_loaded),
     _Rule(Cause.MODEL_ACCESS_DENIED, _GATED_REPO, _fix_access_denied, _is_pod_draft),
+    # Before "not found": vLLM rewraps an unreachable Hub as an invalid repository ID.
+    _Rule(Cause.MODEL_UNAVAILABLE, vs.HUB_OFFLINE_PATTERN, _fix_hub_offline, _is_unavailable_draft),
+    _Rule(Cause.MODEL_UNAVAILABLE, vs.HUB_UNREACHABLE_PATTERN, _fix_hub_unreachable, _is_unavailable_draft),
     _Rule(Cause.MODEL_NOT_FOUND, vs.INVALID_MODEL_PATTERN, _fix_model_not_found, _is_pod_draft),
     _Rule(Cause.MODEL_NOT_FOUND, _NOT_A_MODEL, _fix_model_not_found, _is_pod_draft),
 )

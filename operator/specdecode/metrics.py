@@ -69,6 +69,31 @@ METRIC_RUNNING = "vllm:num_requests_running"
 METRIC_WAITING = "vllm:num_requests_waiting"
 METRIC_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 
+# How Prometheus stores them. vLLM names its series `vllm:...` and serves /metrics through
+# prometheus_client, which negotiates the format with the scraper: Prometheus 2.x asks for
+# OpenMetrics first, and prometheus_client (>= 0.22) answers it with every character a classic
+# metric name cannot hold escaped to `_`, so Prometheus stores `vllm_...`. The classic text
+# format (Prometheus Operator's `scrapeProtocols: [PrometheusText0.0.4]`), an OpenMetrics
+# request that allows UTF-8 names (Prometheus 3) or a relabelling back keep `vllm:...`.
+SPELLING_COLON = "vllm:"
+SPELLING_UNDERSCORE = "vllm_"
+SPELLINGS: tuple[str, ...] = (SPELLING_COLON, SPELLING_UNDERSCORE)
+"""Both prefixes, in the order the queries prefer them."""
+
+
+def spellings_of(metric: str) -> tuple[str, ...]:
+    """The names one vLLM series can be stored under: as vLLM names it, then escaped."""
+    if not metric.startswith(SPELLING_COLON):
+        return (metric,)
+    return (metric, SPELLING_UNDERSCORE + metric[len(SPELLING_COLON):])
+
+
+def spelling_of(name: str) -> str | None:
+    """Which spelling a stored series name uses (None for a name that is neither)."""
+    return next((prefix for prefix in SPELLINGS if name.startswith(prefix)), None)
+
+
+LABEL_NAME = "__name__"
 LABEL_NAMESPACE = "namespace"
 LABEL_POSITION = "position"
 LABEL_LE = "le"
@@ -120,6 +145,14 @@ class QuerySpec:
     ``function``: ``increase`` (counters), ``avg_over_time`` (gauges over the window),
     ``timestamp`` (time of the newest sample), ``value`` (the instant value).
     ``aggregation``: ``sum``, ``avg``, ``max`` or ``count`` across pods.
+
+    Each query matches the metric under both of its stored names (`spellings_of`) in one
+    expression: ``f(vllm:x[w]) or f(vllm_x[w])``. ``or`` matches series on their labels
+    without the name, so it keeps each series under vLLM's own name and adds an escaped one
+    only where no series with the same labels has it: nothing is counted twice, and a fleet
+    whose pods are stored under different names adds up. ``value`` keeps the name
+    (``vllm:x or vllm_x``) and the plan groups it by ``__name__`` too, so the pod count says
+    which spelling Prometheus stores.
     """
 
     name: str
@@ -128,18 +161,21 @@ class QuerySpec:
     aggregation: str = "sum"
     extra_by: tuple[str, ...] = ()
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The stored names this query reads, preferred first."""
+        return spellings_of(self.metric)
+
     def promql(self, scope: QueryScope) -> str:
         """The PromQL text of this query for ``scope``."""
-        selector = f"{self.metric}{{{render_matchers(scope.matchers)}}}"
+        matchers = render_matchers(scope.matchers)
         window = promql.format_duration(scope.window_s)
-        if self.function == "increase":
-            inner = f"increase({selector}[{window}])"
-        elif self.function == "avg_over_time":
-            inner = f"avg_over_time({selector}[{window}])"
+        if self.function == "value":
+            inner = " or ".join(f"{name}{{{matchers}}}" for name in self.names)
+        elif self.function in ("increase", "avg_over_time"):
+            inner = " or ".join(f"{self.function}({name}{{{matchers}}}[{window}])" for name in self.names)
         elif self.function == "timestamp":
-            inner = f"timestamp({selector})"
-        elif self.function == "value":
-            inner = selector
+            inner = " or ".join(f"timestamp({name}{{{matchers}}})" for name in self.names)
         else:
             raise ValueError(f"unknown query function {self.function!r}")
         by = ", ".join(GROUP_LABELS + self.extra_by)
@@ -170,7 +206,7 @@ QUERY_SPECS: tuple[QuerySpec, ...] = (
     QuerySpec("waiting", METRIC_WAITING, "avg_over_time", "sum"),
     QuerySpec("kv_cache_usage", METRIC_KV_CACHE_USAGE, "avg_over_time", "avg"),
     QuerySpec("newest_sample", METRIC_RUNNING, "timestamp", "max"),
-    QuerySpec("pods", METRIC_RUNNING, "value", "count"),
+    QuerySpec("pods", METRIC_RUNNING, "value", "count", (LABEL_NAME,)),
 )
 """The fixed plan: one query per metric family, each covering every service in a scope."""
 
@@ -331,6 +367,14 @@ class Observation:
     preemption_rate: float | None
     generation_tps: float | None
     prompt_tps: float | None
+    metric_spellings: tuple[str, ...] = ()
+    """How Prometheus stores the pods' vLLM series (`SPELLINGS`): ``("vllm_",)`` when the
+    scrape escaped the names; both when some pods are stored one way and some the other."""
+
+    @property
+    def metric_names(self) -> str | None:
+        """`metric_spellings` for status and logs: ``vllm:``, ``vllm_`` or both."""
+        return " and ".join(self.metric_spellings) or None
 
     @property
     def staleness_s(self) -> float | None:
@@ -396,6 +440,7 @@ class Observation:
             "preemptionRate": _round(self.preemption_rate, 4),
             "generationTokensPerSecond": _round(self.generation_tps, 1),
             "stalenessSeconds": _round(self.staleness_s, 1),
+            "metricNames": self.metric_names,
         }
         if spec is not None:
             fields.update(
@@ -512,10 +557,13 @@ def build_observations(
         if not spec.extra_by
     }
     per_position = _by_key_and_label(results.get("accepted_per_position", ()), LABEL_POSITION)
+    pods_by_name = _by_key_and_label(results.get("pods", ()), LABEL_NAME)
     e2e_buckets = _by_key_and_label(results.get("e2e_buckets", ()), LABEL_LE)
     tpot_buckets = _by_key_and_label(results.get("tpot_buckets", ()), LABEL_LE)
 
-    keys: set[ConfigKey] = set(per_position) | set(e2e_buckets) | set(tpot_buckets)
+    keys: set[ConfigKey] = (
+        set(per_position) | set(e2e_buckets) | set(tpot_buckets) | set(pods_by_name)
+    )
     for values in scalars.values():
         keys.update(values)
 
@@ -535,6 +583,7 @@ def build_observations(
             )
         e2e_count = get("e2e_count", key)
         requests = max(e2e_count or 0.0, 0.0)
+        pods_seen = pods_by_name.get(key, {})
         itl_count = get("itl_count", key)
 
         def per_second(name: str) -> float | None:
@@ -546,7 +595,7 @@ def build_observations(
             window_s=window_s,
             evaluated_at=evaluated_at,
             newest_sample_at=get("newest_sample", key),
-            pods=int(get("pods", key) or 0),
+            pods=int(sum(pods_seen.values())),
             speculation=speculation,
             requests=requests,
             e2e_p95_s=_quantile(e2e_buckets.get(key)) if requests > 0 else None,
@@ -561,6 +610,9 @@ def build_observations(
             preemption_rate=per_second("preemptions"),
             generation_tps=per_second("generation_tokens"),
             prompt_tps=per_second("prompt_tokens"),
+            metric_spellings=tuple(
+                prefix for prefix in SPELLINGS if any(spelling_of(n) == prefix for n in pods_seen)
+            ),
         )
     return observations
 
@@ -585,8 +637,8 @@ class RawSeries:
         return self.labels.get("__name__", "")
 
 
-def _matches(series: RawSeries, metric: str, scope: QueryScope) -> bool:
-    if series.name != metric or not series.labels.get(constants.PROM_LABEL_SERVICE):
+def _matches(series: RawSeries, names: tuple[str, ...], scope: QueryScope) -> bool:
+    if series.name not in names or not series.labels.get(constants.PROM_LABEL_SERVICE):
         return False
     return all(series.labels.get(name, "") == value for name, value in scope.matchers)
 
@@ -623,16 +675,27 @@ def evaluate_query(
     at: float,
     rules: PromQLRules = promql.PROMETHEUS_3,
 ) -> list[VectorSample]:
-    """What Prometheus would answer to ``spec.promql(scope)`` at ``at`` on these series."""
-    groups: dict[tuple[str, ...], list[float]] = {}
+    """What Prometheus would answer to ``spec.promql(scope)`` at ``at`` on these series.
+
+    ``f(A) or f(B)``: a series stored under the escaped name counts only where no series
+    with the same labels answered under vLLM's own name.
+    """
+    names = spec.names
     by = GROUP_LABELS + spec.extra_by
+    chosen: dict[frozenset[tuple[str, str]], tuple[int, Mapping[str, str], float]] = {}
     for item in series:
-        if not _matches(item, spec.metric, scope):
+        if not _matches(item, names, scope):
             continue
         value = _series_value(spec, item, at, scope.window_s, rules)
         if value is None:
             continue
-        group = tuple(item.labels.get(label, "") for label in by)
+        rank = names.index(item.name)
+        identity = frozenset((k, v) for k, v in item.labels.items() if k != LABEL_NAME)
+        if identity not in chosen or rank < chosen[identity][0]:
+            chosen[identity] = (rank, item.labels, value)
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for _, labels, value in chosen.values():
+        group = tuple(labels.get(label, "") for label in by)
         groups.setdefault(group, []).append(value)
     return [
         VectorSample(

@@ -1456,7 +1456,8 @@ def _health(ctx: _Context) -> Decision | None:
         if ctx.now >= ready_at + grace:
             message = (
                 f"no series of the current config for {_fmt_s(ctx.now - state.live_since)} "
-                "since it went live (is the PodMonitor scraping the pods?)"
+                "since it went live (is the PodMonitor scraping the pods? vllm:num_requests_running "
+                "or vllm_num_requests_running with labels specdecode_service and specdecode_config_hash)"
             )
             return _make(
                 ctx, Action.HOLD, state.k, Rule.METRICS,

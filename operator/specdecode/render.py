@@ -143,18 +143,32 @@ def vllm_args(spec: api.SpecDecodeServiceSpec, choice: SpeculationChoice) -> lis
         args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
     if e.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", _number(e.gpu_memory_utilization)]
-    if e.enable_chunked_prefill is True:
-        args.append("--enable-chunked-prefill")
-    elif e.enable_chunked_prefill is False:
-        args.append("--no-enable-chunked-prefill")
+    args += vllm.chunked_prefill_args(e.enable_chunked_prefill, e.version)
     args += vllm.histogram_bucket_args(e.version)
     _check_draft_tensor_parallel(spec)
+    config = speculative_config(spec, choice)
     try:
-        args += vllm.speculative_args(speculative_config(spec, choice), e.version)
+        args += vllm.speculative_args(config, e.version)
     except vllm.UnsupportedConfig as err:
-        raise RenderError(f"spec.engine.version: {err}") from None
+        raise RenderError(f"{err.field}: {err}") from None
+    _check_table_with_data_parallel(config, e)
     args += e.extra_args
     return args
+
+
+def _check_table_with_data_parallel(config: Optional[vllm.SpeculativeConfig], e: api.Engine) -> None:
+    """A per-batch-size K table with data parallelism (in extraArgs): vLLM drops it (0.26.0+)
+    or its ranks may pick different K and deadlock (0.24.0, 0.25.0)."""
+    dp = vllm.data_parallel_size(e.extra_args)
+    release = vllm.release(e.version)
+    if config is None or not config.per_batch_size or dp <= 1:
+        return
+    dropped = support.per_batch_size_table_dropped(config.method, str(release) if release else support.NEWEST_CHECKED, dp)
+    if dropped:
+        raise RenderError(
+            f"spec.speculation.perBatchSizeK: it would not take effect: {dropped}; remove it, "
+            "or remove --data-parallel-size from spec.engine.extraArgs"
+        )
 
 
 def _check_draft_tensor_parallel(spec: api.SpecDecodeServiceSpec) -> None:
@@ -398,11 +412,13 @@ def _prometheus_label(k8s_label: str) -> str:
 
 
 def render_pod_monitor(service: api.SpecDecodeService, owner_uid: Optional[str] = None) -> dict[str, Any]:
+    protocols = service.spec.metrics.scrape_protocols
     return {
         "apiVersion": PODMONITOR_API_VERSION,
         "kind": "PodMonitor",
         "metadata": _metadata(service, owner_uid),
         "spec": {
+            **({"scrapeProtocols": list(protocols)} if protocols else {}),
             "selector": {"matchLabels": selector_labels(service.name)},
             "podMetricsEndpoints": [
                 {

@@ -32,7 +32,31 @@ FINE_LATENCY_BUCKETS = [
 
 
 class UnsupportedConfig(ValueError):
-    """The declared vLLM version cannot run what the spec asks for."""
+    """The declared vLLM version cannot run what the spec asks for; ``field`` is the spec
+    field to change."""
+
+    def __init__(self, message: str, field: str = "spec.engine.version") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def data_parallel_size(args: Sequence[str]) -> int:
+    """`--data-parallel-size` / `-dp` among extra arguments (1 when absent or unreadable:
+    vLLM itself refuses what it cannot parse)."""
+    size = 1
+    for i, arg in enumerate(args):
+        value = None
+        for flag in ("--data-parallel-size", "-dp"):
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                size = int(value)
+            except ValueError:
+                pass
+    return size
 
 
 def release(version: str) -> Optional[Version]:
@@ -41,6 +65,20 @@ def release(version: str) -> Optional[Version]:
         return Version(version.lstrip("v"))
     except InvalidVersion:
         return None
+
+
+def chunked_prefill_args(enabled: Optional[bool], version: str) -> list[str]:
+    """Chunked prefill on or off in the release's own form; nothing when unset (vLLM decides
+    per model). Off is `--no-enable-chunked-prefill` from 0.8.5 on, `--enable-chunked-prefill=False`
+    before (`vllm_support.NO_ENABLE_CHUNKED_PREFILL_FLAG`)."""
+    if enabled is None:
+        return []
+    if enabled:
+        return ["--enable-chunked-prefill"]
+    rel = release(version)
+    if rel is None or support.supports(support.NO_ENABLE_CHUNKED_PREFILL_FLAG, str(rel)):
+        return ["--no-enable-chunked-prefill"]
+    return ["--enable-chunked-prefill=False"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +156,14 @@ def _check_supported(config: SpeculativeConfig, version: str, rel: Optional[Vers
             f"vLLM {version} has no per-batch-size K table: remove speculation.perBatchSizeK or use "
             f"vLLM {support.PER_BATCH_SIZE_K_TABLE.first_version} or newer"
         )
+    if config.per_batch_size:
+        dropped = support.per_batch_size_table_dropped(_engine_method(config.method, plain), plain)
+        if dropped:
+            raise UnsupportedConfig(
+                f"it would not take effect: {dropped}; remove it, or use a method the table works "
+                f"with ({', '.join(sorted(support.PER_BATCH_SIZE_TABLE_V1_METHODS))})",
+                field="spec.speculation.perBatchSizeK",
+            )
 
 
 def _engine_method(method: str, version: str) -> str:

@@ -138,6 +138,25 @@ SPEC_SHORTHAND_FLAGS = Feature(
     "the same key in the JSON is a ValueError (SHORTHAND_CONFLICT_MESSAGE).",
 )
 
+NO_ENABLE_CHUNKED_PREFILL_FLAG = Feature(
+    name="--no-enable-chunked-prefill",
+    first_version="0.8.5",
+    evidence=(
+        f"{_wheel('0.8.5')}: vllm/engine/arg_utils.py:150-152 a bool field gets "
+        "argparse.BooleanOptionalAction (\"Creates --no-<name> and --<name> flags\"), "
+        ":852-853 --enable-chunked-prefill from scheduler_kwargs",
+        f"{_wheel('0.8.4')}: vllm/engine/arg_utils.py:784-789 --enable-chunked-prefill "
+        "action=StoreBoolean, nargs=\"?\", const=\"True\": no --no- form, `False` turns it off",
+        "vllm-0.8.0-cp38-abi3-manylinux1_x86_64.whl: vllm/engine/arg_utils.py:770-775 the same",
+        "vllm-0.7.3-cp38-abi3-manylinux1_x86_64.whl: vllm/engine/arg_utils.py:745-750 the same; "
+        "vllm/utils.py:1137-1146 StoreBoolean takes true or false (any case), else ValueError",
+        f"{_wheel('0.33.0')}: vllm/engine/arg_utils.py:386 BooleanOptionalAction, :1785-1787",
+    ),
+    note="Before 0.8.5 chunked prefill is turned off with `--enable-chunked-prefill=False` "
+    "(read down to 0.7.3, below OLDEST_CHECKED); argparse refuses --no-enable-chunked-prefill "
+    "there as an unrecognized argument.",
+)
+
 PER_BATCH_SIZE_K_TABLE = Feature(
     name="speculative_config.num_speculative_tokens_per_batch_size",
     first_version="0.24.0",
@@ -177,6 +196,34 @@ PER_BATCH_SIZE_TABLE_V1_METHOD_LIMIT = Feature(
     note="suffix and custom_class always run on Model Runner V1 in 0.33.0 (V2 lists them as "
     "unsupported), so a table is ignored for them; V2 honours it for every method it runs.",
 )
+
+PER_BATCH_SIZE_TABLE_V1_METHODS: frozenset[str] = frozenset(
+    {"ngram", "eagle", "eagle3", "mtp", "draft_model", "dflash"}
+)
+"""Methods whose per-batch-size K table Model Runner V1 keeps (PER_BATCH_SIZE_TABLE_V1_METHOD_LIMIT).
+Before 0.33.0 V1 honoured it for suffix too: 0.24.0 vllm/v1/worker/gpu_model_runner.py:4940-4944
+and 0.32.0 :4824-4828 pass num_spec_tokens_to_schedule to the SuffixDecodingProposer."""
+
+V1_ONLY_METHODS: frozenset[str] = frozenset({"suffix", "custom_class"})
+"""Methods the V2 model runner does not run in 0.33.0: they always run on Model Runner V1."""
+
+
+def per_batch_size_table_dropped(method: str, version: str, data_parallel_size: int = 1) -> str | None:
+    """Why vLLM ``version`` would drop a per-batch-size K table (with only a warning in its
+    log), or None when it keeps it. ``method`` as rendered."""
+    if data_parallel_size > 1:
+        if supports(PER_BATCH_SIZE_TABLE_OFF_WITH_DATA_PARALLEL, version):
+            return f"vLLM {version} drops it with data parallelism ({data_parallel_size} ranks)"
+        return (f"vLLM {version} keeps it with data parallelism, but ranks can then pick different K "
+                "and deadlock (vLLM drops it from 0.26.0)")
+    if (
+        supports(PER_BATCH_SIZE_TABLE_V1_METHOD_LIMIT, version)
+        and method in V1_ONLY_METHODS
+        and method not in PER_BATCH_SIZE_TABLE_V1_METHODS
+    ):
+        return f"vLLM {version} runs {method} on Model Runner V1, which drops it for that method"
+    return None
+
 
 HETEROGENEOUS_VOCAB = Feature(
     name="speculative_config.use_heterogeneous_vocab",
@@ -249,6 +296,7 @@ HISTOGRAM_BUCKET_FAMILIES = (
 
 FEATURES: tuple[Feature, ...] = (
     SPECULATIVE_CONFIG_FLAG,
+    NO_ENABLE_CHUNKED_PREFILL_FLAG,
     SPECULATIVE_CONFIG_SHORT_ALIAS,
     SPEC_SHORTHAND_FLAGS,
     PER_BATCH_SIZE_K_TABLE,
@@ -605,6 +653,40 @@ INVALID_MODEL_PATTERN = re.compile(
     # directory with config.json / params.json.
     r"Invalid repository ID or local directory specified: '(?P<model>[^']*)'"
 )
+# Model Runner V2 (0.33.0) picks a proposer per method and raises for the rest:
+# vllm/v1/worker/gpu/spec_decode/__init__.py:94 NotImplementedError. vLLM chooses V1 by itself
+# for suffix and custom_class (vllm/config/vllm.py:3066-3067 list them as unsupported by V2,
+# :758-765 fall back to V1), so the error shows when VLLM_USE_V2_MODEL_RUNNER=1 forces V2
+# (vllm/config/vllm.py:748-750 honours the variable before that check).
+V2_RUNNER_UNSUPPORTED_METHOD_MESSAGE = 'f"{speculative_config.method} is not supported yet."'
+V2_RUNNER_UNSUPPORTED_METHOD_PATTERN = re.compile(
+    r"(?:^|NotImplementedError: )(?P<method>[a-z][\w]*) is not supported yet\.$"
+)
+V2_RUNNER_METHODS: frozenset[str] = frozenset(  # init_speculator's branches, same file :14-92
+    {"extract_hidden_states", "dflash", "dspark", "mtp", "eagle", "eagle3", "draft_model", "ngram", "ngram_gpu"}
+)
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+# A model that cannot be fetched: no network to the Hub, or offline mode without the model
+# in the cache. vLLM 0.33.0 logs the Hub lookup's failure (vllm/transformers_utils/
+# repo_utils.py:124 `"%s: %s", "Error retrieving file list", e`, from :171) and then rewraps it
+# as INVALID_MODEL_PATTERN's ValueError (config.py:910-922, `raise ... from e`); with
+# HF_HUB_OFFLINE=1 vllm/engine/arg_utils.py:933-945 resolves the model through
+# huggingface_hub's snapshot_download, which raises LocalEntryNotFoundError. Texts of
+# huggingface_hub 2.4.0 (vLLM 0.33.0 requires huggingface_hub>=1.31.0): _snapshot_download.py
+# :382-404, file_download.py:1945-1966, utils/_http.py:294-296 (OfflineModeIsEnabled).
+HUB_OFFLINE_PATTERN = re.compile(
+    r"outgoing traffic has been disabled|offline mode is enabled"
+)
+HUB_UNREACHABLE_PATTERN = re.compile(
+    r"Please check your (?:internet )?connection"
+    r"|Error retrieving file list: .*(?:Errno|[Cc]onnect|[Tt]ime ?out|timed out|resol|[Uu]nreachable"
+    r"|refused|SSL|[Pp]roxy)"
+)
+NON_DEFAULT_ARGS_PREFIX = (  # vllm/entrypoints/common/startup.py:96, logged at start-up
+    "non-default args: "
+)
+
 ENGINE_CORE_FAILED_WRAPPERS = (
     # Wrappers that point at the root cause above them: never the cause themselves.
     "Engine core initialization failed.",  # vllm/v1/engine/utils.py:1473-1476, RuntimeError

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 from specdecode import constants as C, metrics, perfmodel
-from specdecode.localstack.prometheus import start_prometheus
+from specdecode.localstack.prometheus import VLLM_NAMES_AS_SCRAPED, VLLM_NAMES_COLON, start_prometheus
 from specdecode.localstack.stack import SimulatedMetrics, Stack
 
 from .conftest import poll_until
@@ -68,13 +68,15 @@ def service(namespace: str, prometheus_url: str, k: int = 3, mode: str = "Auto",
 
 
 @contextmanager
-def simulated(cluster, tmp_path: Path, namespace: str, scenario: Path) -> Iterator[SimulatedMetrics]:
-    """A simulator for the test's namespace and a Prometheus scraping it, stopped afterwards."""
+def simulated(cluster, tmp_path: Path, namespace: str, scenario: Path,
+              vllm_names: str = VLLM_NAMES_AS_SCRAPED) -> Iterator[SimulatedMetrics]:
+    """A simulator for the test's namespace and a Prometheus scraping it, stopped afterwards.
+    As scraped, Prometheus 2.x stores vLLM's series as `vllm_...` (as it does real vLLM's)."""
     stack = Stack(tmp_path / "stack")
     stack.use_existing_cluster(cluster.kubeconfig, kubectl=str(cluster.kubectl))
     try:
         yield stack.start_simulated_metrics(str(scenario), label=namespace, namespaces=[namespace],
-                                            scrape_interval_s=SCRAPE_S)
+                                            scrape_interval_s=SCRAPE_S, vllm_names=vllm_names)
     finally:
         stack.close()
 
@@ -106,15 +108,20 @@ def wait_live(kube_api, namespace: str, timeout: float = 90) -> dict:
                       and (st.get("speculation") or {}).get("live") and st, timeout, "a live config")
 
 
-def test_good_draft_settles_on_the_models_best_k(cluster, kube_api, operator, namespace, tmp_path):
+@pytest.mark.parametrize("vllm_names, stored", [(VLLM_NAMES_AS_SCRAPED, "vllm_"), (VLLM_NAMES_COLON, "vllm:")])
+def test_good_draft_settles_on_the_models_best_k(cluster, kube_api, operator, namespace, tmp_path,
+                                                 vllm_names, stored):
     phases = [{"at": 0, "request_rate": 2, "acceptance": 0.8, **WORKLOAD}]
     params = dataclasses.replace(perfmodel.EngineParams.for_method("draft_model"), replicas=2, min_k=1, max_k=6)
     best = perfmodel.best_config(params, perfmodel.Workload(request_rate=2, acceptance=0.8, **WORKLOAD))
     assert best >= 2, "the scenario must make a longer K pay"
-    with simulated(cluster, tmp_path, namespace, scenario_file(tmp_path, "good", phases)) as sim:
+    scenario = scenario_file(tmp_path, "good", phases)
+    with simulated(cluster, tmp_path, namespace, scenario, vllm_names) as sim:
         kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(service(namespace, sim.prometheus_url, k=1)))
         st = poll_until(lambda: speculation(s := status(kube_api, namespace)) == (True, best) and s, 180,
                         f"K to settle at the model's best K={best}")
+        # Whichever name Prometheus stored vLLM's series under, the operator read them and says which.
+        assert st["observations"]["metricNames"] == stored
         assert all(h["action"] != "disable" for h in st.get("history", []))
         # The decision is in status first; the re-render follows it.
         poll_until(lambda: f'"num_speculative_tokens":{best}' in " ".join(deployment_args(kube_api, namespace)), 30,

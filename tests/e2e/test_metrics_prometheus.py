@@ -9,6 +9,11 @@ at several evaluation instants and windows.
 
 The Prometheus process is started by a small fixture of this module (the shared local-stack
 helper did not exist when this test was written); it only needs /usr/bin/prometheus.
+
+The pods answer through prometheus_client's own content negotiation, as vLLM's server does,
+so Prometheus 2.x stores their series as `vllm_...`; in the `mixed` stack one pod answers in
+the classic text format (`vllm:...`, what a `PrometheusText0.0.4` scrape protocol gets), so
+the service's series are stored under both names and the reader must add them up.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ import requests
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from specdecode import constants, metrics, promql
 from specdecode.metrics import PrometheusAccess, PrometheusReader, QueryScope, RawSeries
+from specdecode.sim.exposition import exposition
 
 pytestmark = [
     pytest.mark.e2e,
@@ -130,18 +136,18 @@ class FakeVLLMPod:
             yield running
 
 
-def serve_text_format(registry: CollectorRegistry, port: int) -> ThreadingHTTPServer:
-    """Serve ``registry`` in the classic text format whatever the scraper asks for.
-
-    prometheus_client 0.26 escapes ``vllm:`` to ``vllm_`` in its OpenMetrics output, which
-    Prometheus negotiates by default; vLLM's names keep their colon in the text format.
-    """
+def serve(registry: CollectorRegistry, port: int, accepts: list[str], classic: bool) -> ThreadingHTTPServer:
+    """Serve ``registry`` as vLLM does (the format negotiated from the scraper's Accept
+    header), or, with ``classic``, as if the scraper had asked for the classic text format.
+    Records the Accept headers seen."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            body = generate_latest(registry)
+            accept = self.headers.get("Accept") or ""
+            accepts.append(accept)
+            body, content_type = exposition(registry, CONTENT_TYPE_LATEST if classic else accept)
             self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -154,18 +160,20 @@ def serve_text_format(registry: CollectorRegistry, port: int) -> ThreadingHTTPSe
     return server
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+@pytest.fixture(scope="module", params=["negotiated", "mixed"])
+def stack(request, tmp_path_factory):
     """Two fake pods on their own ports and a real Prometheus scraping them."""
     tmp = tmp_path_factory.mktemp("prom")
     pods = {"pod-a": FakeVLLMPod(k=3), "pod-b": FakeVLLMPod(k=3)}
     ports = {}
     servers = []
+    accepts: list[str] = []
     for name, pod in pods.items():
         registry = CollectorRegistry()
         registry.register(pod)
         ports[name] = free_port()
-        servers.append(serve_text_format(registry, ports[name]))
+        classic = request.param == "mixed" and name == "pod-a"
+        servers.append(serve(registry, ports[name], accepts, classic))
 
     targets = "\n".join(
         f"""  - targets: ["127.0.0.1:{ports[name]}"]
@@ -220,6 +228,7 @@ scrape_configs:
                     pod.reset()
                 pod.step(i)
             time.sleep(0.5)
+        STACK_INFO.update(mode=request.param, version=version, accepts=set(accepts))
         yield url, promql.rules_for_version(version), time.time()
     finally:
         process.terminate()
@@ -234,6 +243,19 @@ scrape_configs:
             server.server_close()
 
 
+STACK_INFO: dict = {}
+"""The current stack's mode, Prometheus version and the Accept headers its scrapes sent."""
+
+
+def either(name: str) -> str:
+    """``name`` under both spellings, each series once (as the reader's queries do)."""
+    return f"({name} or {name.replace('vllm:', 'vllm_', 1)})"
+
+
+def canonical(series_name: str) -> str:
+    return series_name.replace("vllm_", "vllm:", 1)
+
+
 def query(url: str, text: str, at: float) -> list[dict]:
     response = requests.get(
         f"{url}/api/v1/query", params={"query": text, "time": f"{at:.3f}"}, timeout=5
@@ -244,7 +266,7 @@ def query(url: str, text: str, at: float) -> list[dict]:
 
 def raw_series(url: str, at: float) -> list[RawSeries]:
     """Every sample Prometheus stored for our series in the last 5 minutes before ``at``."""
-    result = query(url, f'{{__name__=~"vllm:.+", {constants.PROM_LABEL_SERVICE}!=""}}[300s]', at)
+    result = query(url, f'{{__name__=~"vllm[:_].+", {constants.PROM_LABEL_SERVICE}!=""}}[300s]', at)
     return [
         RawSeries(item["metric"], [(float(t), float(v)) for t, v in item["values"]])
         for item in result
@@ -252,7 +274,7 @@ def raw_series(url: str, at: float) -> list[RawSeries]:
 
 
 def latest_sample_time(url: str) -> float:
-    result = query(url, "max(timestamp(vllm:num_requests_running))", time.time())
+    result = query(url, f"max(timestamp({either('vllm:num_requests_running')}))", time.time())
     return float(result[0]["value"][1])
 
 
@@ -296,6 +318,22 @@ def test_emulated_plan_matches_prometheus(stack, window_s):
             assert obs.pods == other.pods == 2
 
 
+def test_reader_finds_the_series_under_the_names_prometheus_stored(stack):
+    url, _, _ = stack
+    if not STACK_INFO["version"].startswith("2."):
+        pytest.skip("Prometheus 3 may ask for UTF-8 names")
+    # Prometheus 2.x asks for OpenMetrics first; prometheus_client then escapes the names.
+    assert all(a.startswith("application/openmetrics-text;version=1.0.0,") for a in STACK_INFO["accepts"])
+    scope = QueryScope.of(10, {"namespace": "team-a"})
+    result = PrometheusReader(PrometheusAccess(url, timeout_s=5)).read([scope], latest_sample_time(url))
+    assert isinstance(result, metrics.MetricsSnapshot)
+    (obs,) = result.observations[scope].values()
+    assert obs.pods == 2 and obs.speculation is not None and obs.speculation.k == 3
+    expected = ("vllm_",) if STACK_INFO["mode"] == "negotiated" else ("vllm:", "vllm_")
+    assert obs.metric_spellings == expected
+    assert result.queries == len(metrics.QUERY_SPECS)  # one query per family, either spelling
+
+
 @pytest.mark.timeout(120)
 def test_rate_and_histogram_quantile_match_prometheus(stack):
     url, rules, _ = stack
@@ -306,25 +344,27 @@ def test_rate_and_histogram_quantile_match_prometheus(stack):
         series = raw_series(url, at)
         for window in (4, 9, 15):
             # rate() per series, including pod-b's reset.
-            text = f"rate(vllm:spec_decode_num_drafts_total[{window}s])"
+            drafts = "vllm:spec_decode_num_drafts_total"
+            text = f"rate({drafts}[{window}s]) or rate({drafts.replace(':', '_')}[{window}s])"
             for item in query(url, text, at):
                 pod = item["metric"]["pod"]
                 samples = next(
                     s.samples for s in series
-                    if s.name == "vllm:spec_decode_num_drafts_total" and s.labels["pod"] == pod
+                    if canonical(s.name) == drafts and s.labels["pod"] == pod
                 )
                 assert close(float(item["value"][1]), promql.rate(samples, at, window, rules))
 
             # histogram_quantile over the service's summed bucket rates.
             text = (
                 f"histogram_quantile(0.95, sum by ({group}, le) "
-                f"(rate(vllm:e2e_request_latency_seconds_bucket[{window}s])))"
+                f"(rate(vllm:e2e_request_latency_seconds_bucket[{window}s])"
+                f" or rate(vllm_e2e_request_latency_seconds_bucket[{window}s])))"
             )
             real = query(url, text, at)
             assert len(real) == 1
             buckets: dict[float, float] = {}
             for s in series:
-                if s.name != "vllm:e2e_request_latency_seconds_bucket":
+                if canonical(s.name) != "vllm:e2e_request_latency_seconds_bucket":
                     continue
                 value = promql.rate(s.samples, at, window, rules)
                 if value is not None:
@@ -341,12 +381,13 @@ def test_idle_window_gives_nan_quantile_in_both(stack):
     while latest_sample_time(url) < stopped_at + 3.5:
         time.sleep(0.5)
     at = round(latest_sample_time(url), 3)
-    text = "histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[2s])))"
+    text = ("histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[2s])"
+            " or rate(vllm_e2e_request_latency_seconds_bucket[2s])))")
     real = query(url, text, at + 0.001)
     series = raw_series(url, at)
     buckets: dict[float, float] = {}
     for s in series:
-        if s.name == "vllm:e2e_request_latency_seconds_bucket":
+        if canonical(s.name) == "vllm:e2e_request_latency_seconds_bucket":
             value = promql.rate(s.samples, at + 0.001, 2, rules)
             if value is not None:
                 buckets[float(s.labels["le"])] = buckets.get(float(s.labels["le"]), 0.0) + value
@@ -360,3 +401,36 @@ def test_prometheus_stopped_is_unavailable():
     result = reader.read([QueryScope.of(30)], at=time.time())
     assert isinstance(result, metrics.MetricsUnavailable)
 
+
+
+DASHBOARD = (
+    __import__("pathlib").Path(__file__).resolve().parents[2]
+    / "manifests" / "overlays" / "prometheus-operator" / "dashboards" / "specdecode.json"
+)
+
+
+def test_dashboard_panels_read_the_pods_under_either_name(stack):
+    """The shipped dashboard's vLLM panels on the series as this Prometheus stored them: the
+    acceptance rate agrees with the reader's, and the running requests add up both pods."""
+    import json
+
+    url, _, _ = stack
+    at = latest_sample_time(url)
+    panels = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in json.loads(DASHBOARD.read_text())["panels"]}
+
+    def panel(title: str, index: int = 0) -> list[dict]:
+        expr = panels[title][index]
+        for variable, value in {"$__rate_interval": "10s", "$namespace": "team-a", "$service": "llama"}.items():
+            expr = expr.replace(variable, value)
+        return query(url, expr, at)
+
+    (acceptance,) = panel("Acceptance rate")
+    scope = QueryScope.of(10, {"namespace": "team-a"})
+    result = PrometheusReader(PrometheusAccess(url, timeout_s=5)).read([scope], at)
+    (obs,) = result.observations[scope].values()
+    assert float(acceptance["value"][1]) == pytest.approx(obs.speculation.acceptance_rate, rel=0.05)
+    (running,) = panel("Requests running and waiting")
+    # Both pods' gauges, each once, whichever name each is stored under.
+    panels["pods"] = [panels["Requests running and waiting"][0].replace("sum by", "count by", 1)]
+    (pods,) = panel("pods")
+    assert float(pods["value"][1]) == 2 and float(running["value"][1]) > 0

@@ -3,6 +3,10 @@
 No Kubernetes here: simulated pods come from a hand-made pod list through the same
 `Simulator.sync` the watcher calls; a real Prometheus (Debian package) scrapes the file_sd
 targets the simulator writes. Not marked e2e: it needs only /usr/bin/prometheus.
+
+The simulator negotiates the exposition format as vLLM's own server does, so this
+Prometheus (2.x, which asks for OpenMetrics) stores every vLLM series as `vllm_...`: the
+queries below use the names as stored.
 """
 
 from __future__ import annotations
@@ -114,11 +118,26 @@ def test_targets_carry_the_podmonitor_labels(stack) -> None:
                       ("plain-0", "plain", "hash-off", "team-a")]
 
 
+def test_prometheus_2_stores_the_names_escaped_as_it_does_real_vllms(stack) -> None:
+    url, _ = stack
+    version = json.load(urllib.request.urlopen(f"{url}/api/v1/status/buildinfo", timeout=5))["data"]["version"]
+    if not version.startswith("2."):
+        pytest.skip(f"Prometheus {version} may allow UTF-8 names")
+    wait_for(lambda: len(query(url, "up == 1")) == 3, 30, "three targets up")
+    with urllib.request.urlopen(f"{url}/api/v1/label/__name__/values", timeout=5) as response:
+        names = [n for n in json.load(response)["data"] if n.startswith("vllm")]
+    assert "vllm_spec_decode_num_drafts_total" in names
+    assert not [n for n in names if n.startswith("vllm:")]
+    # vLLM 0.33 serves the default registry: counters and histograms carry `_created`.
+    assert "vllm_spec_decode_num_drafts_created" in names
+    assert "vllm_e2e_request_latency_seconds_created" in names
+
+
 def test_acceptance_rate_query_returns_the_scenarios_acceptance(stack) -> None:
     url, _ = stack
     promql = (
-        f"sum by ({GROUP}) (rate(vllm:spec_decode_num_accepted_tokens_total[15s]))"
-        f" / sum by ({GROUP}) (rate(vllm:spec_decode_num_draft_tokens_total[15s]))"
+        f"sum by ({GROUP}) (rate(vllm_spec_decode_num_accepted_tokens_total[15s]))"
+        f" / sum by ({GROUP}) (rate(vllm_spec_decode_num_draft_tokens_total[15s]))"
     )
     wait_for_full_window(url)
     result = by_service(query(url, promql))
@@ -126,8 +145,8 @@ def test_acceptance_rate_query_returns_the_scenarios_acceptance(stack) -> None:
     assert result["llama"] == pytest.approx(acceptance_rate(ALPHA, K), abs=0.03)
     first_position = by_service(query(
         url,
-        f'sum by ({GROUP}) (rate(vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}}[15s]))'
-        f" / sum by ({GROUP}) (rate(vllm:spec_decode_num_drafts_total[15s]))",
+        f'sum by ({GROUP}) (rate(vllm_spec_decode_num_accepted_tokens_per_pos_total{{position="0"}}[15s]))'
+        f" / sum by ({GROUP}) (rate(vllm_spec_decode_num_drafts_total[15s]))",
     ))
     assert first_position["llama"] == pytest.approx(ALPHA, abs=0.03)
 
@@ -137,14 +156,14 @@ def test_step_time_and_load_follow_the_model(stack) -> None:
     wait_for_full_window(url)
     itl = by_service(query(
         url,
-        f"sum by ({GROUP}) (rate(vllm:inter_token_latency_seconds_sum[15s]))"
-        f" / sum by ({GROUP}) (rate(vllm:inter_token_latency_seconds_count[15s]))",
+        f"sum by ({GROUP}) (rate(vllm_inter_token_latency_seconds_sum[15s]))"
+        f" / sum by ({GROUP}) (rate(vllm_inter_token_latency_seconds_count[15s]))",
     ))
     params = sim.scenario.params
     workload = SCENARIO.phases[0].workload()
     assert itl["llama"] == pytest.approx(steady_state(params, workload, K, 2).step_time_s, rel=0.05)
     assert itl["plain"] == pytest.approx(steady_state(params, workload, 0, 1).step_time_s, rel=0.05)
-    generation = by_service(query(url, f"sum by ({GROUP}) (rate(vllm:generation_tokens_total[15s]))"))
+    generation = by_service(query(url, f"sum by ({GROUP}) (rate(vllm_generation_tokens_total[15s]))"))
     # Each service receives the scenario's whole rate.
     assert generation["llama"] == pytest.approx(RATE * 300, rel=0.25)
     assert generation["plain"] == pytest.approx(RATE * 300, rel=0.25)

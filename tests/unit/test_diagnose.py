@@ -94,3 +94,37 @@ def test_standard_input_through_a_pipe():
         timeout=60,
     )
     assert unknown.returncode == 1 and "cause: Unknown" in unknown.stdout
+
+
+ARGS_LINE = (
+    "(APIServer pid=1) INFO 11-30 12:00:01 [startup.py:96] non-default args: {'model_tag': "
+    "'meta-llama/Llama-3.1-8B-Instruct', 'model': 'meta-llama/Llama-3.1-8B-Instruct', 'speculative_config': "
+    "{'method': 'draft_model', 'model': 'meta-llama/Llama-3.2-1B-Instruct', 'num_speculative_tokens': 4}}\n"
+)
+SPEC = """\
+apiVersion: serving.specdecode.io/v1alpha1
+kind: SpecDecodeService
+metadata: {name: llama, namespace: team-a}
+spec:
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation: {method: eagle3, draftModel: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, numSpeculativeTokens: 3}
+"""
+
+
+def test_oom_fix_names_the_speculation_from_the_logged_args_or_the_spec(tmp_path, capsys):
+    log = tmp_path / "vllm.log"
+    log.write_text(OOM_LOG)
+    assert main(["diagnose", "-f", str(log)]) == 0
+    assert "speculation" not in capsys.readouterr().out  # nothing says what the pod ran
+    log.write_text(ARGS_LINE + OOM_LOG)
+    assert main(["diagnose", "-f", str(log)]) == 0
+    fix = capsys.readouterr().out.splitlines()[2]
+    assert "speculation.draftModel 'meta-llama/Llama-3.2-1B-Instruct'" in fix and "than K=4" in fix
+    spec = tmp_path / "sds.yaml"
+    spec.write_text(SPEC)
+    assert main(["diagnose", "-f", str(log), "--spec", str(spec)]) == 0
+    fix = capsys.readouterr().out.splitlines()[2]
+    assert "speculation.draftModel 'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B'" in fix and "than K=3" in fix
+    spec.write_text(SPEC.replace("eagle3", "eagle4"))
+    assert main(["diagnose", "-f", str(log), "--spec", str(spec)]) == 2
+    assert "spec.speculation.method" in capsys.readouterr().err

@@ -664,5 +664,109 @@ def test_pod_speculation_of_a_spec():
     ).spec
     assert PodSpeculation.of(spec, enabled=False) is None
     running = PodSpeculation.of(spec, enabled=True)
-    assert running == DRAFT and running.loads_draft_weights
+    assert running.method == DRAFT.method and running.draft_model == DRAFT.draft_model and running.loads_draft_weights
+    assert running.num_speculative_tokens == spec.speculation.num_speculative_tokens
+    assert PodSpeculation.of(spec, enabled=True, k=5).num_speculative_tokens == 5
     assert not NGRAM.loads_draft_weights and not PodSpeculation("suffix").loads_draft_weights
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up gaps held against vLLM 0.33.0's own texts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_method_model_runner_v2_lacks_is_unsupported_method_with_the_runner_that_has_it():
+    text = vllm_text(vs.V2_RUNNER_UNSUPPORTED_METHOD_MESSAGE, method="suffix")
+    log = traceback(CORE_ERROR, "v1/worker/gpu/model_runner.py", "v1/worker/gpu/spec_decode/__init__.py",
+                    f"NotImplementedError: {text}")
+    log += "\n" + API + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    d = classify_log(log, PodSpeculation(method="suffix", num_speculative_tokens=4))
+    assert d.cause is Cause.UNSUPPORTED_METHOD and d.speculation_related
+    assert d.line == "NotImplementedError: suffix is not supported yet."
+    assert "Model Runner V2 has no proposer for method 'suffix'" in d.fix
+    assert "vLLM 0.11.1 and newer has it" in d.fix and "remove VLLM_USE_V2_MODEL_RUNNER from engine.env" in d.fix
+    # Other "is not supported yet." texts are not about speculation.
+    assert classify_log(CORE_ERROR + "NotImplementedError: Video is not supported yet.").cause is Cause.UNKNOWN
+
+
+INVALID_REPO = (
+    "ValueError: Invalid repository ID or local directory specified: '{model}'.\n"
+    "Please verify the following requirements:\n"
+    "1. Provide a valid Hugging Face repository ID.\n"
+)
+# huggingface_hub 2.4.0 (vLLM 0.33.0 requires >= 1.31.0): _snapshot_download.py:382-386 and
+# utils/_http.py:294-296.
+OFFLINE_SNAPSHOT = (
+    "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder for the "
+    "specified revision on the local disk and outgoing traffic has been disabled. To enable repo look-ups and "
+    "downloads online, pass 'local_files_only=False' as input."
+)
+OFFLINE_HTTP = ("huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/api/models/"
+                "Qwen/Qwen2.5-0.5B-Instruct: offline mode is enabled. To disable it, please unset the "
+                "`HF_HUB_OFFLINE` environment variable.")
+
+
+@pytest.mark.parametrize("error", [OFFLINE_SNAPSHOT, OFFLINE_HTTP])
+def test_offline_without_the_model_in_the_cache(error):
+    log = traceback(API, "engine/arg_utils.py", "transformers_utils/repo_utils.py", error)
+    d = classify_log(log, DRAFT)
+    assert d.cause is Cause.MODEL_UNAVAILABLE and d.classified
+    assert "HF_HUB_OFFLINE" in d.fix and "pre-populate the model-cache volume" in d.fix
+    # The model vLLM names decides whether speculation is to blame.
+    named = log + "\n" + API + INVALID_REPO.format(model=DRAFT.draft_model).replace("\n", "\n" + API)
+    d = classify_log(named, DRAFT)
+    assert d.cause is Cause.MODEL_UNAVAILABLE and d.speculation_related
+    assert f"speculation.draftModel '{DRAFT.draft_model}' is not in the model cache" in d.fix
+
+
+def test_hub_unreachable_is_not_a_wrong_model_name():
+    # vLLM 0.33.0: repo_utils.py:124 logs the failed Hub lookup, config.py rewraps it as an
+    # invalid repository ID (which alone means a wrong name).
+    log = "\n".join([
+        API + "ERROR 11-30 12:00:02 [repo_utils.py:124] Error retrieving file list: [Errno -3] Temporary "
+        "failure in name resolution",
+        traceback(API, "entrypoints/cli/serve.py", "transformers_utils/config.py",
+                  INVALID_REPO.format(model="meta-llama/Llama-3.1-8B-Instruct").splitlines()[0]),
+    ])
+    d = classify_log(log, DRAFT)
+    assert d.cause is Cause.MODEL_UNAVAILABLE and not d.speculation_related
+    assert "cannot reach the Hugging Face Hub and model.name 'meta-llama/Llama-3.1-8B-Instruct'" in d.fix
+    assert "modelCache.hfTokenSecret" in d.fix and "HF_HUB_OFFLINE=1" in d.fix
+    # Without the Hub lookup's failure, the same rewrapped error is a wrong name.
+    alone = classify_log(INVALID_REPO.format(model="meta-llama/Llama-3.1-8B-Instruct"), DRAFT)
+    assert alone.cause is Cause.MODEL_NOT_FOUND
+    # huggingface_hub's own wording when a download has no network (_snapshot_download.py:400-404).
+    snapshot = ("huggingface_hub.errors.LocalEntryNotFoundError: Got: ConnectError: [Errno 101] Network is "
+                "unreachable\nAn error happened while trying to locate the files on the Hub, and we cannot find "
+                "the appropriate snapshot folder for the specified revision on the local disk. Please check your "
+                "internet connection and try again.")
+    assert classify_log(snapshot).cause is Cause.MODEL_UNAVAILABLE
+
+
+def non_default_args_line(**args) -> str:
+    """vLLM 0.33.0's start-up line (entrypoints/common/startup.py:96, the argparse namespace's
+    values as Python shows them: --speculative-config is parsed with json.loads)."""
+    return API + f"INFO 11-30 12:00:01 [startup.py:96] non-default args: {args}"
+
+
+def test_the_pods_speculation_is_read_from_the_arguments_vllm_logs():
+    line = non_default_args_line(
+        model_tag="meta-llama/Llama-3.1-8B-Instruct", model="meta-llama/Llama-3.1-8B-Instruct",
+        speculative_config={"method": "draft_model", "model": "meta-llama/Llama-3.2-1B-Instruct",
+                            "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]},
+        gpu_memory_utilization=0.9,
+    )
+    assert F.speculation_from_log(line) == PodSpeculation("draft_model", "meta-llama/Llama-3.2-1B-Instruct", 4)
+    ngram = non_default_args_line(model="m", speculative_config={"model": "ngram", "num_speculative_tokens": 3})
+    assert F.speculation_from_log(ngram) == PodSpeculation("ngram", None, 3)
+    assert F.speculation_from_log(non_default_args_line(model="m")) is None
+    assert F.speculation_from_log(TORCH_OOM) is None
+
+
+def test_oom_with_the_pods_speculation_known_names_the_speculative_part_of_the_fix():
+    known = PodSpeculation("draft_model", "meta-llama/Llama-3.2-1B-Instruct", 4)
+    d = classify_log(TORCH_OOM, known)
+    assert d.speculation_related
+    assert "speculation.draftModel 'meta-llama/Llama-3.2-1B-Instruct' holds memory beside the target" in d.fix
+    assert "fewer speculative tokens than K=4" in d.fix and "engine.gpuMemoryUtilization" in d.fix
+    assert "speculation" not in classify_log(TORCH_OOM, NGRAM).fix

@@ -27,3 +27,25 @@ def test_interval_must_be_positive() -> None:
 
 def test_free_port_is_never_the_system_prometheus_port() -> None:
     assert all(free_port() not in RESERVED_PORTS for _ in range(20))
+
+
+def test_colon_names_relabel_the_escaped_names_back_and_promtool_accepts_it(tmp_path) -> None:
+    import shutil
+    import subprocess
+
+    from specdecode.localstack.prometheus import VLLM_NAMES_COLON
+
+    assert "metric_relabel_configs" not in render_config(Path("t.json"), 1)
+    text = render_config(tmp_path / "t.json", 1, vllm_names=VLLM_NAMES_COLON)
+    (rule,) = yaml.safe_load(text)["scrape_configs"][0]["metric_relabel_configs"]
+    assert rule == {"source_labels": ["__name__"], "regex": "vllm_(.+)", "target_label": "__name__",
+                    "replacement": "vllm:$1"}
+    with pytest.raises(ValueError, match="vllm_names must be one of"):
+        render_config(Path("t.json"), 1, vllm_names="colons")
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    (tmp_path / "t.json").write_text("[]")
+    (tmp_path / "p.yml").write_text(text)
+    done = subprocess.run([promtool, "check", "config", str(tmp_path / "p.yml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

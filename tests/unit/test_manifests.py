@@ -47,6 +47,8 @@ VLLM_METRICS = {
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
 }
+# ... and as Prometheus 2.x stores them from an OpenMetrics scrape (the colon escaped).
+VLLM_METRICS_ESCAPED = {name.replace("vllm:", "vllm_", 1) for name in VLLM_METRICS}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -146,7 +148,7 @@ def exposed_operator_metrics() -> dict[str, tuple[str, ...]]:
 
 
 def metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\b(?:specdecode_[a-z0-9_]+|vllm:[a-z0-9_:]+)", expr)) - {"specdecode_service", "specdecode_config_hash"}
+    return set(re.findall(r"\b(?:specdecode_[a-z0-9_]+|vllm[:_][a-z0-9_:]+)", expr)) - {"specdecode_service", "specdecode_config_hash"}
 
 
 def prometheus_rule_groups() -> list[dict]:
@@ -439,7 +441,7 @@ def test_rules_and_dashboard_name_only_existing_metrics_with_their_labels():
     exprs += [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p.get("targets", [])]
     used = set().union(*(metric_names(e) for e in exprs))
     assert used, "no metric names found"
-    unknown = {m for m in used if m not in operator_metrics and m not in VLLM_METRICS}
+    unknown = {m for m in used if m not in operator_metrics and m not in VLLM_METRICS | VLLM_METRICS_ESCAPED}
     assert not unknown, f"metrics that neither the operator nor vLLM exposes: {unknown}"
     # The operator's per-service series carry the labels vLLM's get from the PodMonitor
     # (DESIGN: all PromQL groups by namespace, specdecode_service).
@@ -652,6 +654,22 @@ def test_dashboard_has_the_panels_a_platform_team_asks_for():
         assert panel["datasource"]["uid"] == "${datasource}"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_dashboard_and_rules_read_vllms_series_under_either_stored_name():
+    """Prometheus 2.x stores vLLM's series as `vllm_...` (OpenMetrics scrape), Prometheus 3 or
+    a classic-text scrape as `vllm:...`: every query names both, in one expression."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if isinstance(v.get("query"), dict)]
+    exprs += [r["expr"] for g in prometheus_rule_groups() for r in g["rules"]]
+    read = 0
+    for expr in exprs:
+        names = {m for m in metric_names(expr) if m.startswith("vllm")}
+        colon = {m for m in names if m.startswith("vllm:")}
+        assert {m.replace("vllm:", "vllm_", 1) for m in colon} == names - colon, expr
+        read += len(colon)
+    assert read >= 10, "the dashboard reads vLLM's series"
 
 
 def test_dashboard_queries_parse(tmp_path):

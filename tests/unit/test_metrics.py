@@ -80,7 +80,7 @@ def full_results(alpha: float = 0.8, k: int = 3, drafts: float = 1000.0) -> dict
         "waiting": vec(0.5),
         "kv_cache_usage": vec(0.4),
         "newest_sample": vec(995.0),
-        "pods": vec(2.0),
+        "pods": vec(2.0, __name__=metrics.METRIC_RUNNING),
     }
 
 
@@ -101,6 +101,8 @@ class TestQueryPlan:
         assert spec.promql(scope) == (
             f"sum by (namespace, {SVC}, {HASH}, position) "
             "(increase(vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            f'{{{SVC}!="", cluster="eu-1"}}[300s])'
+            " or increase(vllm_spec_decode_num_accepted_tokens_per_pos_total"
             f'{{{SVC}!="", cluster="eu-1"}}[300s]))'
         )
 
@@ -109,10 +111,22 @@ class TestQueryPlan:
         texts = {q.spec.name: q.text for q in build_query_plan(scope)}
         assert texts["running"] == (
             f"sum by (namespace, {SVC}, {HASH}) "
-            f'(avg_over_time(vllm:num_requests_running{{{SVC}!=""}}[7500ms]))'
+            f'(avg_over_time(vllm:num_requests_running{{{SVC}!=""}}[7500ms])'
+            f' or avg_over_time(vllm_num_requests_running{{{SVC}!=""}}[7500ms]))'
         )
         assert texts["newest_sample"].startswith("max by (")
         assert "timestamp(vllm:num_requests_running" in texts["newest_sample"]
+        assert " or timestamp(vllm_num_requests_running" in texts["newest_sample"]
+        assert texts["pods"] == (
+            f"count by (namespace, {SVC}, {HASH}, __name__) "
+            f'(vllm:num_requests_running{{{SVC}!=""}} or vllm_num_requests_running{{{SVC}!=""}})'
+        )
+
+    def test_every_vllm_query_reads_both_spellings_in_one_expression(self):
+        for query in build_query_plan(QueryScope.of(60)):
+            colon = query.spec.metric
+            assert colon.startswith("vllm:")
+            assert colon in query.text and "vllm_" + colon[5:] in query.text
 
     def test_matcher_values_are_escaped(self):
         text = metrics.render_matchers([("team", 'a"b\\c')])
@@ -210,6 +224,16 @@ class TestObservations:
         spec = build_observations(results, window_s=100, evaluated_at=1000)[KEY].speculation
         assert spec.accepted_per_position == (500.0, 0.0, 10.0)
 
+    def test_spelling_found_is_reported_and_pods_under_either_name_add_up(self):
+        results = full_results()
+        results["pods"] = vec(2.0, __name__="vllm_num_requests_running")
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.metric_spellings == ("vllm_",) and obs.to_status()["metricNames"] == "vllm_"
+        assert obs.pods == 2
+        results["pods"] += vec(1.0, __name__=metrics.METRIC_RUNNING)
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.pods == 3 and obs.metric_names == "vllm: and vllm_"
+
     def test_to_status_matches_the_api_model(self):
         from specdecode import api
 
@@ -219,6 +243,7 @@ class TestObservations:
         assert status["window"] == "300s" and status["observedAt"] == "1970-01-01T00:16:40Z"
         assert status["runningRequests"] == 6.0  # per replica
         assert status["drafts"] == 1000.0 and status["configHash"] == "abc123"
+        assert status["metricNames"] == "vllm:"
         model = api.Observations.model_validate(status)
         assert model.to_wire() == status  # every field known to the API, none dropped
 
@@ -302,6 +327,40 @@ class TestEmulatedPlan:
         assert mixed[old].speculation.alpha == pytest.approx(0.2)
         assert mixed[old].newest_sample_at is None  # stale: the pod is gone
         assert mixed[KEY].speculation.k == 2
+
+    @staticmethod
+    def escaped(series: list[RawSeries]) -> list[RawSeries]:
+        """The same series as Prometheus 2.x stores them from an OpenMetrics scrape."""
+        return [
+            RawSeries({**s.labels, "__name__": s.name.replace("vllm:", "vllm_")}, s.samples, s.stale_at)
+            for s in series
+        ]
+
+    def test_escaped_names_give_the_same_observation(self):
+        scope = QueryScope.of(60)
+        series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=3, drafts_per_s=10)
+        colon = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        underscore = metrics.observe_series(scope, self.escaped(series), at=1195.0)[KEY]
+        assert underscore.metric_spellings == ("vllm_",) and colon.metric_spellings == ("vllm:",)
+        assert underscore.speculation == colon.speculation
+        assert (underscore.pods, underscore.requests, underscore.running) == (colon.pods, colon.requests, colon.running)
+
+    def test_a_pod_stored_under_both_names_is_not_counted_twice(self):
+        scope = QueryScope.of(60)
+        series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=3, drafts_per_s=10)
+        alone = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        both = metrics.observe_series(scope, series + self.escaped(series), at=1195.0)[KEY]
+        assert both.speculation == alone.speculation and both.requests == alone.requests
+        assert both.pods == 1 and both.running == alone.running
+        assert both.metric_spellings == ("vllm:",)  # the pod answered under vLLM's own name
+
+    def test_pods_under_different_names_add_up(self):
+        scope = QueryScope.of(60)
+        series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=3, drafts_per_s=10)
+        series += self.escaped(pod_series(KEY, "b", self.TIMES, alpha=0.7, k=3, drafts_per_s=10))
+        obs = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        assert obs.pods == 2 and obs.speculation.drafts == pytest.approx(1200.0)
+        assert obs.metric_spellings == ("vllm:", "vllm_")
 
     def test_selector_matchers_filter_series(self):
         series = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=2, drafts_per_s=10)

@@ -117,6 +117,32 @@ def test_podmonitor_relabels_to_the_names_promql_groups_by():
     assert targets == {C.PROM_LABEL_SERVICE, C.PROM_LABEL_CONFIG_HASH}
 
 
+def test_podmonitor_pins_the_scrape_protocols_only_when_asked(minimal_spec):
+    assert "scrapeProtocols" not in render.render_pod_monitor(_service(minimal_spec))["spec"]
+    spec = {**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4"]}}
+    assert render.render_pod_monitor(_service(spec))["spec"]["scrapeProtocols"] == ["PrometheusText0.0.4"]
+    with pytest.raises(api.SpecError, match="scrapeProtocols"):
+        _service({**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4", "PrometheusText0.0.4"]}})
+    with pytest.raises(api.SpecError, match="scrapeProtocols"):
+        _service({**minimal_spec, "metrics": {"scrapeProtocols": ["Text"]}})
+
+
+def test_podmonitor_matches_the_pinned_prometheus_operator_schema(minimal_spec):
+    """The PodMonitor CRD shipped under manifests/third_party validates what we render, and the
+    API offers exactly its scrape protocols."""
+    import typing
+
+    import jsonschema
+
+    crd = load_yaml(REPO / "manifests" / "third_party" / "prometheus-operator" / "monitoring.coreos.com_podmonitors.yaml")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    protocols = schema["properties"]["spec"]["properties"]["scrapeProtocols"]["items"]["enum"]
+    hint = typing.get_type_hints(api.Metrics)["scrape_protocols"]
+    assert set(typing.get_args(typing.get_args(hint)[0])) == set(protocols)
+    spec = {**minimal_spec, "metrics": {"scrapeProtocols": ["PrometheusText0.0.4", "OpenMetricsText1.0.0"]}}
+    jsonschema.validate(render.render_pod_monitor(_service(spec)), schema)
+
+
 def test_owner_reference_when_the_operator_renders():
     objects = render.render_all(_sample(DRAFT_SAMPLE), render.SpeculationChoice(k=4), owner_uid="1234")
     for obj in objects:
@@ -138,6 +164,48 @@ def test_per_batch_size_table_is_capped_at_k(minimal_spec):
     args = _args(render.render_all(_service(spec), render.SpeculationChoice(k=4)))
     config = json.loads(args[args.index("--speculative-config") + 1])
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 4], [9, 64, 0]]
+
+
+@pytest.mark.parametrize("version, off", [
+    ("0.7.3", ["--enable-chunked-prefill=False"]),   # StoreBoolean, no --no- form (wheel arg_utils.py:745)
+    ("0.8.0", ["--enable-chunked-prefill=False"]),
+    ("0.8.4", ["--enable-chunked-prefill=False"]),
+    ("0.8.5", ["--no-enable-chunked-prefill"]),      # BooleanOptionalAction from here on
+    ("0.33.0", ["--no-enable-chunked-prefill"]),
+    ("nightly", ["--no-enable-chunked-prefill"]),
+])
+def test_chunked_prefill_off_in_each_releases_own_form(minimal_spec, version, off):
+    def args(enabled):
+        spec = {**minimal_spec, "engine": {"version": version, "enableChunkedPrefill": enabled}}
+        return _args(render.render_all(_service(spec), render.SpeculationChoice.off()))
+
+    assert [a for a in args(False) if "chunked" in a] == off
+    assert [a for a in args(True) if "chunked" in a] == ["--enable-chunked-prefill"]
+
+
+TABLE = [{"minBatchSize": 1, "maxBatchSize": 8, "k": 3}, {"minBatchSize": 9, "maxBatchSize": 64, "k": 0}]
+
+
+def test_a_k_table_vllm_would_drop_for_the_method_is_refused(minimal_spec):
+    def spec(version):
+        return {**minimal_spec, "speculation": {"method": "suffix", "numSpeculativeTokens": 4, "perBatchSizeK": TABLE},
+                "engine": {"version": version}}
+
+    # 0.32.0 passes the table's K to the suffix proposer; 0.33.0 runs suffix on Model Runner V1,
+    # which drops the table with only a warning in the pod's log.
+    assert "--speculative-config" in _args(render.render_all(_service(spec("0.32.0")), render.SpeculationChoice(k=4)))
+    with pytest.raises(render.RenderError, match=r"^spec.speculation.perBatchSizeK: .*Model Runner V1.*remove it"):
+        render.render_all(_service(spec("0.33.0")), render.SpeculationChoice(k=4))
+
+
+@pytest.mark.parametrize("version, why", [("0.33.0", "drops it with data parallelism"), ("0.25.0", "deadlock")])
+def test_a_k_table_with_data_parallelism_is_refused(minimal_spec, version, why):
+    spec = {**minimal_spec, "speculation": {"method": "ngram", "numSpeculativeTokens": 4, "perBatchSizeK": TABLE},
+            "engine": {"version": version, "extraArgs": ["--data-parallel-size", "2"]}}
+    with pytest.raises(render.RenderError, match=f"spec.speculation.perBatchSizeK: .*{why}.*--data-parallel-size"):
+        render.render_all(_service(spec), render.SpeculationChoice(k=4))
+    spec["engine"]["extraArgs"] = ["-dp=1"]
+    assert _args(render.render_all(_service(spec), render.SpeculationChoice(k=4)))[-1] == "-dp=1"
 
 
 def test_draft_model_sharded_unlike_the_target_is_a_render_error(minimal_spec):
@@ -201,7 +269,9 @@ def specs(draw):
     if method == "ngram" and draw(st.booleans()):
         lo = draw(st.integers(1, 6))
         speculation["ngram"] = {"promptLookupMin": lo, "promptLookupMax": draw(st.integers(lo, 8))}
-    if draw(st.booleans()):
+    # vLLM 0.33 (the default version) drops a table for suffix: the renderer refuses that pair
+    # (test_a_k_table_vllm_would_drop_for_the_method_is_refused).
+    if method != "suffix" and draw(st.booleans()):
         split = draw(st.integers(1, 63))
         speculation["perBatchSizeK"] = [
             {"minBatchSize": 1, "maxBatchSize": split, "k": draw(st.integers(0, max_k))},

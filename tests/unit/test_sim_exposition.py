@@ -104,7 +104,7 @@ def test_names_labels_and_buckets_match_vllm_0_33_with_speculation() -> None:
         bounds = [s.labels["le"] for s in samples[f"{name}_bucket"]]
         assert [float(b) for b in bounds[:-1]] == [float(b) for b in buckets.split()], name
         assert bounds[-1] == "+Inf"
-    assert not any(n.endswith("_created") for n in samples)
+    assert not any(n.endswith("_created") for n in samples)  # no creation time given
 
 
 def test_no_spec_decode_series_without_speculation() -> None:
@@ -155,3 +155,61 @@ def test_counters_refuse_to_go_down() -> None:
     m = x.PodMetrics("m", None)
     with pytest.raises(ValueError, match="only go up"):
         m.inc(x.GENERATION_TOKENS, -1)
+
+
+# Prometheus 2.x's default Accept header (the e2e test records the one the Debian 2.42 sends),
+# and one in the form of Prometheus 3's, which allows UTF-8 names.
+PROMETHEUS_2_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                       "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_3_ACCEPT = ("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,"
+                       "application/openmetrics-text;version=0.0.1;q=0.9,"
+                       "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.8,"
+                       "text/plain;version=0.0.4;q=0.7,*/*;q=0.6")
+CLASSIC_TEXT = "text/plain;version=0.0.4"
+
+
+def sample_names(body: bytes) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in body.decode().splitlines()
+            if line and not line.startswith("#")}
+
+
+def vllm_like_registry(e: PodEngine) -> CollectorRegistry:
+    """The same families declared with prometheus_client's own Counter, Gauge and Histogram,
+    as vLLM declares them (vllm/v1/metrics/loggers.py), on a registry of their own."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    registry = CollectorRegistry()
+    for family in e.metrics.collect():
+        labels = sorted({k for s in family.samples for k in s.labels if k != "le"})
+        if family.type == "counter":
+            metric = Counter(family.name, family.documentation, labels, registry=registry)
+        elif family.type == "gauge":
+            metric = Gauge(family.name, family.documentation, labels, registry=registry)
+        else:
+            bounds = [float(s.labels["le"]) for s in family.samples
+                      if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"]
+            metric = Histogram(family.name, family.documentation, labels, buckets=bounds,
+                               registry=registry)
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                metric.labels(**{k: v for k, v in s.labels.items() if k != "le"})
+    return registry
+
+
+@pytest.mark.parametrize("accept, prefix", [
+    (PROMETHEUS_2_ACCEPT, "vllm_"), (PROMETHEUS_3_ACCEPT, "vllm:"), (CLASSIC_TEXT, "vllm:"), (None, "vllm:"),
+])
+def test_scrape_negotiates_the_names_as_vllms_own_server_does(accept, prefix) -> None:
+    e = engine(DRAFT_K3)
+    e.metrics.created = 1_700_000_000.0
+    e.advance(0.5, WORKLOAD, 2)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(e.metrics)
+    body, content_type = x.exposition(registry, accept)
+    names = sample_names(body)
+    assert names and all(n.startswith(prefix) for n in names)
+    # Exactly the series prometheus_client's own metric classes give vLLM's names, the
+    # `_created` series of counters and histograms included.
+    own, own_type = x.exposition(vllm_like_registry(e), accept)
+    assert names == sample_names(own) and content_type == own_type
+    assert "vllm_spec_decode_num_drafts_created" in {n.replace(":", "_") for n in names}

@@ -30,6 +30,7 @@ def test_feature_rejects_inverted_range():
         (vs.PER_BATCH_SIZE_TABLE_OFF_WITH_DATA_PARALLEL, "0.25.0", "0.26.0"),
         (vs.PER_BATCH_SIZE_TABLE_V1_METHOD_LIMIT, "0.32.0", "0.33.0"),
         (vs.VOCAB_SIZE_CHECK, "0.14.1", "0.15.0"),
+        (vs.NO_ENABLE_CHUNKED_PREFILL_FLAG, "0.8.4", "0.8.5"),
     ],
 )
 def test_first_versions(feature, absent, present):
@@ -203,3 +204,16 @@ def test_module_has_no_io_imports():
     source = inspect.getsource(vs)
     for name in ("import os", "import subprocess", "open(", "requests", "urllib"):
         assert name not in source
+
+
+@pytest.mark.parametrize("method, version, dp, dropped", [
+    ("suffix", "0.33.0", 1, True),
+    ("suffix", "0.32.0", 1, False),
+    ("ngram", "0.33.0", 1, False),
+    ("eagle3", "0.33.0", 1, False),
+    ("ngram", "0.33.0", 2, True),
+    ("ngram", "0.26.0", 2, True),
+    ("ngram", "0.24.0", 2, True),   # kept, but DP ranks may deadlock
+])
+def test_per_batch_size_table_dropped(method, version, dp, dropped):
+    assert (vs.per_batch_size_table_dropped(method, version, dp) is not None) is dropped

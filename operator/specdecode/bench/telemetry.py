@@ -186,7 +186,7 @@ class Fleet:
         """What the operator's query plan returns at ``at`` (emulated Prometheus)."""
         results = {
             spec.name: metrics.evaluate_query(
-                spec, scope, self._by_metric.get(spec.metric, ()), at, RULES
+                spec, scope, [s for name in spec.names for s in self._by_metric.get(name, ())], at, RULES
             )
             for spec in metrics.QUERY_SPECS
         }

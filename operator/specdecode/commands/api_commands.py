@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +76,17 @@ def _validate(sub: argparse._SubParsersAction) -> None:
         help="check SpecDecodeService files as the apiserver and the operator would",
         description="Check every SpecDecodeService in the given files (multi-document YAML) and "
         "directories (every *.yaml / *.yml below, as in a GitOps repository; other kinds are "
-        "skipped). Every error names its file and document. Exit 0 when all are valid, 2 otherwise.",
+        "skipped). Every error names its file and document. With --vllm, also run the installed vLLM's "
+        "own `vllm serve` argument parser and speculative-config checks on every config the operator "
+        "may render (off, K = minK..maxK). Exit 0 when all are valid, 2 when any is invalid or vLLM "
+        "would refuse a config, 1 when vLLM would only silently drop part of one.",
     )
     p.add_argument("-f", "--filename", required=True, action="append", metavar="PATH",
                    help="YAML file, directory, or - for standard input (repeatable)")
     p.add_argument("--vllm-version", metavar="V", help="check against this vLLM version instead of spec.engine.version")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
+    p.add_argument("--vllm", action="store_true",
+                   help="also check with the installed vLLM (pip install 'specdecode-operator[vllm]')")
     p.set_defaults(func=run_validate)
 
 
@@ -110,6 +115,8 @@ class DocumentResult:
     namespace: str | None = None
     name: str | None = None
     error: str | None = None
+    service: Any = field(default=None, repr=False)  # the parsed service, when valid
+    vllm_findings: list = field(default_factory=list)  # vllm_check.Finding, with --vllm
 
     @property
     def where(self) -> str:
@@ -117,7 +124,9 @@ class DocumentResult:
 
     def as_json(self) -> dict:
         return {"file": self.file, "document": self.document, "kind": self.kind, "namespace": self.namespace,
-                "name": self.name, "valid": self.error is None, "error": self.error}
+                "name": self.name, "valid": self.error is None, "error": self.error,
+                "vllm": [{"kind": f.kind, "config": f.config, "check": f.check, "message": f.message}
+                         for f in self.vllm_findings]}
 
 
 def validate_document(doc: Any, result: DocumentResult, vllm_version: str | None) -> DocumentResult:
@@ -132,7 +141,7 @@ def validate_document(doc: Any, result: DocumentResult, vllm_version: str | None
     except api.SpecError as err:
         result.error = str(err)
         return result
-    result.namespace, result.name = service.namespace, service.name
+    result.namespace, result.name, result.service = service.namespace, service.name, service
     if vllm_version:
         service = with_vllm_version(service, vllm_version)
     try:
@@ -172,20 +181,64 @@ def run_validate(args: argparse.Namespace) -> int:
     results = validate_paths(args.filename, args.vllm_version)
     if not results:
         raise UserError(f"{', '.join(args.filename)}: no SpecDecodeService found")
+    installed = _check_with_vllm(results) if args.vllm else None
     invalid = [r for r in results if r.error]
+    refused = [r for r in results if any(f.refused for f in r.vllm_findings)]
+    ignored = [r for r in results if r.vllm_findings and r not in refused]
     if args.output == "json":
-        json.dump({"valid": not invalid, "errors": len(invalid), "documents": [r.as_json() for r in results]},
-                  sys.stdout, indent=2)
+        json.dump({"valid": not invalid and not refused, "errors": len(invalid), "vllm": installed,
+                   "vllmRefused": len(refused), "vllmIgnored": len(ignored),
+                   "documents": [r.as_json() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         for result in results:
             if result.error:
                 print(f"error: {result.where}: {result.error}", file=sys.stderr)
+            elif result.vllm_findings:
+                _print_vllm_findings(result, installed)
             else:
-                print(f"{result.where}: SpecDecodeService {result.namespace}/{result.name} is valid")
+                also = ""
+                if installed:
+                    from ..vllm_check import configs_to_check
+
+                    checked = len(configs_to_check(result.service.spec))
+                    also = f"; vLLM {installed} accepts all {checked} configs the operator may render"
+                print(f"{result.where}: SpecDecodeService {result.namespace}/{result.name} is valid{also}")
         if len(results) > 1:
             print(f"{len(results) - len(invalid)} valid, {len(invalid)} invalid", file=sys.stderr if invalid else sys.stdout)
-    return 2 if invalid else 0
+    if invalid or refused:
+        return 2
+    return 1 if ignored else 0
+
+
+def _check_with_vllm(results: list[DocumentResult]) -> str:
+    """Run the installed vLLM's own checks on every valid service; its version."""
+    from .. import vllm_check
+    from ..render import RenderError
+
+    try:
+        installed = vllm_check.installed_version()
+    except vllm_check.VllmMissing as err:
+        raise UserError(str(err)) from None
+    for result in results:
+        if result.error:
+            continue
+        try:
+            result.vllm_findings = vllm_check.check_service(result.service)
+        except RenderError as err:
+            result.error = str(err)
+    return installed
+
+
+def _print_vllm_findings(result: DocumentResult, installed: str) -> None:
+    from .. import vllm_check
+
+    declared = result.service.spec.engine.version
+    if installed.lstrip("v") != declared.lstrip("v"):
+        print(f"{result.where}: checked with the installed vLLM {installed} (spec.engine.version says "
+              f"{declared}: the image's vLLM is what counts)", file=sys.stderr)
+    for line in vllm_check.describe(result.vllm_findings):
+        print(f"{result.where}: {line}", file=sys.stderr)
 
 
 def check_vllm_version(version: str) -> None:

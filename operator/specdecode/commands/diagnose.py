@@ -1,7 +1,9 @@
-"""`specdecode diagnose -f LOGFILE`: why a vLLM pod will not start, from its log.
+"""`specdecode diagnose -f LOGFILE [--spec FILE]`: why a vLLM pod will not start, from its log.
 
 The same classifier the operator runs on failing pods (specdecode.failures), for a log a
-user saved or pipes in (`kubectl logs POD --previous | specdecode diagnose -f -`).
+user saved or pipes in (`kubectl logs POD --previous | specdecode diagnose -f -`). The pod's
+speculation words the fixes that depend on it (memory, a missing draft): from the
+SpecDecodeService given with `--spec`, else from the arguments vLLM logs at start-up.
 Exit codes: 0 classified, 1 unknown, 2 unreadable file.
 """
 
@@ -26,6 +28,8 @@ def _diagnose(sub: argparse._SubParsersAction) -> None:
         "the line that shows it, and the fix. Exit 0 when the cause is known, 1 when not.",
     )
     p.add_argument("-f", "--filename", required=True, metavar="LOGFILE", help="log file, or - for standard input")
+    p.add_argument("--spec", metavar="FILE", help="the SpecDecodeService the pod runs (its speculation words "
+                   "the fix; without it, the arguments vLLM logged at start-up are used)")
     p.set_defaults(func=run_diagnose)
 
 
@@ -42,9 +46,17 @@ def read_log(path: str) -> str:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from ..failures import classify_log
+    from ..failures import PodSpeculation, classify_log, speculation_from_log
 
-    diagnosis = classify_log(read_log(args.filename))
+    text = read_log(args.filename)
+    if args.spec:
+        from .api_commands import load_service
+
+        spec = load_service(args.spec).spec
+        speculation = PodSpeculation.of(spec, enabled=True)
+    else:
+        speculation = speculation_from_log(text)
+    diagnosis = classify_log(text, speculation)
     if sys.stdout.isatty():
         _print_rich(diagnosis)
     else:

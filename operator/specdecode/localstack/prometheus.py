@@ -20,6 +20,15 @@ from pathlib import Path
 from typing import IO
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
+
+# How this Prometheus stores vLLM's series. The simulator negotiates the format as vLLM does,
+# so Debian's Prometheus 2.42 (which asks for OpenMetrics and has no `scrape_protocols`)
+# stores them as `vllm_...`, as it would real vLLM's. `VLLM_NAMES_COLON` renames them back
+# with a metric relabelling, which is what Prometheus 3, a `scrape_protocols` of
+# `[PrometheusText0.0.4]` (>= 2.49) or that same relabelling leaves in a real one.
+VLLM_NAMES_AS_SCRAPED = "as-scraped"
+VLLM_NAMES_COLON = "vllm:"
+VLLM_NAMES = (VLLM_NAMES_AS_SCRAPED, VLLM_NAMES_COLON)
 RESERVED_PORTS = frozenset({9090})
 JOB_NAME = "vllm"
 
@@ -52,10 +61,22 @@ def render_config(
     targets_file: Path,
     scrape_interval_s: float = 1.0,
     evaluation_interval_s: float | None = None,
+    vllm_names: str = VLLM_NAMES_AS_SCRAPED,
 ) -> str:
     """prometheus.yml scraping the file_sd targets (labels come from the file)."""
+    if vllm_names not in VLLM_NAMES:
+        raise ValueError(f"vllm_names must be one of {', '.join(VLLM_NAMES)}, got {vllm_names!r}")
     interval = _duration(scrape_interval_s)
     evaluation = _duration(evaluation_interval_s or scrape_interval_s)
+    relabel = (
+        "    metric_relabel_configs:\n"
+        "      - source_labels: [__name__]\n"
+        "        regex: 'vllm_(.+)'\n"
+        "        target_label: __name__\n"
+        "        replacement: 'vllm:$1'\n"
+        if vllm_names == VLLM_NAMES_COLON
+        else ""
+    )
     # A scrape must finish within the interval; vLLM answers /metrics in milliseconds.
     return (
         "global:\n"
@@ -69,6 +90,7 @@ def render_config(
         f"      - files: [{str(targets_file)!r}]\n"
         # fsnotify picks changes up at once; the refresh is the fallback.
         "        refresh_interval: 5s\n"
+        + relabel
     )
 
 
@@ -136,18 +158,19 @@ def start_prometheus(
     binary: str | None = None,
     ready_timeout_s: float = 60.0,
     retention: str = "1d",
+    vllm_names: str = VLLM_NAMES_AS_SCRAPED,
 ) -> PrometheusServer:
     """Start Prometheus scraping `targets_file`; return once `/-/ready` answers 200.
 
     `work_dir` holds prometheus.yml, the TSDB (data/) and prometheus.log. The targets file
-    need not exist yet: Prometheus watches it.
+    need not exist yet: Prometheus watches it. `vllm_names`: `VLLM_NAMES`.
     """
     exe = find_binary(binary)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     targets = Path(targets_file).resolve()
     config = work / "prometheus.yml"
-    config.write_text(render_config(targets, scrape_interval_s), encoding="utf-8")
+    config.write_text(render_config(targets, scrape_interval_s, vllm_names=vllm_names), encoding="utf-8")
     port = port if port is not None else free_port()
     if port in RESERVED_PORTS:
         raise PrometheusError(f"port {port} is reserved for a system Prometheus; pick another")

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Sequence
 
 from . import install
 from .cluster import ClusterInfo, LocalCluster
-from .prometheus import PrometheusServer, start_prometheus
+from .prometheus import VLLM_NAMES_AS_SCRAPED, PrometheusServer, start_prometheus
 
 Progress = Callable[[str], None]
 
@@ -169,21 +169,25 @@ class Stack:
 
     def start_simulated_metrics(self, scenario: str, *, label: str = "sim", namespaces: Sequence[str] = (),
                                 time_scale: float = 1.0, scrape_interval_s: float = 1.0,
-                                seed: Optional[int] = None) -> SimulatedMetrics:
+                                seed: Optional[int] = None,
+                                vllm_names: str = VLLM_NAMES_AS_SCRAPED) -> SimulatedMetrics:
         """A simulator standing for the vLLM pods (of `namespaces`, or all) and a Prometheus
-        scraping it with the labels a PodMonitor would give."""
+        scraping it with the labels a PodMonitor would give; `vllm_names` says how that
+        Prometheus stores vLLM's names (`prometheus.VLLM_NAMES`)."""
         assert self.kubeconfig is not None, "start or choose a cluster first"
-        prometheus = self.start_prometheus(label=label, scrape_interval_s=scrape_interval_s)
+        prometheus = self.start_prometheus(label=label, scrape_interval_s=scrape_interval_s,
+                                           vllm_names=vllm_names)
         return self.start_simulator(scenario, prometheus, label=label, namespaces=namespaces,
                                     time_scale=time_scale, seed=seed)
 
-    def start_prometheus(self, *, label: str = "sim", scrape_interval_s: float = 1.0) -> PrometheusServer:
+    def start_prometheus(self, *, label: str = "sim", scrape_interval_s: float = 1.0,
+                         vllm_names: str = VLLM_NAMES_AS_SCRAPED) -> PrometheusServer:
         """A Prometheus scraping the targets a later `start_simulator(label=...)` writes: a
         caller can hand its URL to the operator before the scenario's clock starts."""
         workdir = self.workdir / label
         self.progress(f"starting Prometheus ({label})")
         prometheus = start_prometheus(workdir / "prometheus", workdir / "targets.json",
-                                      scrape_interval_s=scrape_interval_s)
+                                      scrape_interval_s=scrape_interval_s, vllm_names=vllm_names)
         self._closers.append(prometheus.stop)
         return prometheus
 

@@ -9,8 +9,17 @@ vllm/v1/metrics/buckets.py, vllm/v1/spec_decode/metrics.py, vllm/v1/engine/__ini
 - bucket families (`--custom-histogram-buckets` replaces a family's defaults):
   request_latency -> e2e, queue, inference, prefill, decode; time_to_first_token -> TTFT;
   inter_token_latency -> inter-token latency AND per-request time per output token.
-vLLM's API server runs prometheus_client in multiprocess mode, which emits no `_created`
-series; neither do we.
+vLLM 0.33's API server serves prometheus_client's default registry (vllm/v1/metrics/
+prometheus.py `get_prometheus_registry`; the multiprocess registry only when
+`--api-server-count` > 1, vllm/entrypoints/cli/serve.py `run_multi_api_server`), so its
+counters and histograms come with `_created` series; a `PodMetrics` given its creation
+time serves them too.
+
+`/metrics` goes through prometheus_client's own content negotiation (`exposition`), as
+vLLM's `make_asgi_app` mount does (vllm/entrypoints/serve/instrumentator/metrics.py):
+Prometheus 2.x asks for OpenMetrics first and gets every name escaped to `vllm_...`;
+a scraper asking for the classic text format, or for OpenMetrics with
+`escaping=allow-utf-8` (Prometheus 3), gets `vllm:...`.
 
 `PodMetrics` holds the counters of one pod's lifetime (they start at zero and only grow);
 its `collect()` makes it a prometheus_client collector for a per-pod CollectorRegistry.
@@ -24,6 +33,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -183,11 +194,15 @@ class PodMetrics:
         model_name: str,
         spec_tokens: int | None,
         custom_buckets: Mapping[str, Sequence[float]] | None = None,
+        created: float | None = None,
     ) -> None:
         if spec_tokens is not None and spec_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {spec_tokens}")
         self.model_name = model_name
         self.spec_tokens = spec_tokens
+        self.created = created
+        """When the pod's metrics were created (epoch seconds): the `_created` samples of its
+        counters and histograms; None serves none (a pure test needs no clock)."""
         self.lock = threading.Lock()
         self.counters: dict[str, float] = {
             GENERATION_TOKENS: 0.0,
@@ -226,23 +241,23 @@ class PodMetrics:
         if self.spec_tokens is not None:
             for name in (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED_TOKENS):
                 family = CounterMetricFamily(name, HELP[name], labels=base)
-                family.add_metric(ids, self.counters[name])
+                family.add_metric(ids, self.counters[name], created=self.created)
                 yield family
             per_pos = CounterMetricFamily(
                 SPEC_ACCEPTED_PER_POS, HELP[SPEC_ACCEPTED_PER_POS], labels=base + [LABEL_POSITION]
             )
             for pos, value in enumerate(self.accepted_per_pos):
-                per_pos.add_metric(ids + [str(pos)], value)
+                per_pos.add_metric(ids + [str(pos)], value, created=self.created)
             yield per_pos
         for name in (PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS):
             family = CounterMetricFamily(name, HELP[name], labels=base)
-            family.add_metric(ids, self.counters[name])
+            family.add_metric(ids, self.counters[name], created=self.created)
             yield family
         success = CounterMetricFamily(
             REQUEST_SUCCESS, HELP[REQUEST_SUCCESS], labels=base + [LABEL_FINISHED_REASON]
         )
         for reason, value in self.request_success.items():
-            success.add_metric(ids + [reason], value)
+            success.add_metric(ids + [reason], value, created=self.created)
         yield success
         for name, value in self.gauges.items():
             gauge = GaugeMetricFamily(name, HELP[name], labels=base)
@@ -251,7 +266,16 @@ class PodMetrics:
         for name, histogram in self.histograms.items():
             family = HistogramMetricFamily(name, HELP[name], labels=base)
             family.add_metric(ids, histogram.cumulative(), sum_value=histogram.total)
+            if self.created is not None:
+                family.add_sample(name + "_created", dict(zip(base, ids)), self.created)
             yield family
+
+
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """The body and Content-Type of a /metrics answer to a scraper's ``Accept`` header:
+    prometheus_client's own negotiation (`choose_encoder`), the one vLLM's server runs."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type
 
 
 def lognormal_bucket_probabilities(bounds: Sequence[float], mu: float, sigma: float) -> list[float]:

@@ -27,11 +27,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from specdecode import constants as C
 from specdecode.scenario import Scenario, true_conditions
 from specdecode.sim.engine import PodEngine, engine_config_from_args, pod_params
+from specdecode.sim.exposition import exposition
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,9 @@ class Simulator:
         params = pod_params(self.scenario.params, config, self.scenario.model)
         material = f"{info.namespace}/{info.name}/{info.uid}/{info.restart_count}"
         rng = np.random.default_rng([self.seed, zlib.crc32(material.encode())])
-        return _Pod(info, PodEngine(config, params, rng), None)
+        engine = PodEngine(config, params, rng)
+        engine.metrics.created = time.time()  # prometheus_client stamps `_created` on the wall clock
+        return _Pod(info, engine, None)
 
     def _drop(self, key: tuple[str, str]) -> None:
         pod = self._pods.pop(key, None)
@@ -194,9 +196,7 @@ class Simulator:
                     if simulator.metrics_outage:
                         self._reply(503, b"metrics outage (scenario)\n", "text/plain")
                         return
-                    # Always the classic text format: prometheus_client's OpenMetrics output
-                    # escapes the colon in vLLM's names, vLLM's text output keeps it.
-                    self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                    self._reply(200, *exposition(registry, self.headers.get("Accept")))
                 else:
                     self._reply(404, b"not found\n", "text/plain")
 
