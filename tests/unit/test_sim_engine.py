@@ -67,8 +67,35 @@ def test_engine_runs_the_table_k_at_its_batch() -> None:
     table = EngineConfig("m", "draft_model", 5, per_batch_size=((1, 16, 5), (17, 1024, 0)))
     heavy = Workload(request_rate=30, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
     light = Workload(request_rate=0.5, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
-    assert engine_state(table, PARAMS, heavy, 1).k == 0
-    assert engine_state(table, PARAMS, light, 1).k == 5
+    assert dict(engine_state(table, PARAMS, heavy, 1).step_shares()).get(0, 0.0) > 0.99
+    assert dict(engine_state(table, PARAMS, light, 1).step_shares()).get(5, 0.0) > 0.99
+
+
+def test_table_read_from_the_rendered_speculative_config_mixes_the_per_position_counters() -> None:
+    """A pod whose batch straddles the table's edge drafts K 4 on some steps and K 1 on the
+    others: position 0 counts every drafting step, positions 1-3 only the K 4 steps."""
+    args = spec_args(4, per_batch_size=((1, 12, 4), (13, 1024, 1)))
+    config = engine_config_from_args(args)
+    assert config.per_batch_size == ((1, 12, 4), (13, 1024, 1))
+    alpha = 0.8
+    # The rate whose mean batch sits on the edge, so both ranges see many steps.
+    load = Workload(request_rate=5.0, prompt_tokens=1000, output_tokens=300, acceptance=alpha)
+    state = engine_state(config, PARAMS, load, 1)
+    shares = dict(state.step_shares())
+    assert 0.2 < shares[4] < 0.8 and abs(shares[4] + shares[1] - 1.0) < 1e-9
+    engine = PodEngine(config, PARAMS, np.random.default_rng(7))
+    run(engine, 600, load)
+    m = engine.metrics
+    drafts, tokens = m.counters[x.SPEC_DRAFTS], m.counters[x.SPEC_DRAFT_TOKENS]
+    # Draft tokens per draft: the mix of K 4 and K 1 steps.
+    expected = 4 * shares[4] + 1 * shares[1]
+    assert tokens / drafts == pytest.approx(expected, rel=0.05)
+    pos = m.accepted_per_pos
+    # Position 0 is drafted on every step: alpha of all drafts.
+    assert pos[0] / drafts == pytest.approx(alpha, rel=0.03)
+    # Position 1 only on K 4 steps: alpha^2 of those, so alpha^2 * share of all drafts.
+    assert pos[1] / drafts == pytest.approx(alpha**2 * shares[4], rel=0.08)
+    assert pos[1] / drafts < 0.9 * alpha**2
 
 
 def test_pod_method_and_limits_shape_its_true_engine() -> None:
