@@ -1700,9 +1700,10 @@ def propose_schedule(
                         continue
                     new[k] = (tables[j][k] + tail[0], (k, *tail[1]))
                 options = new
-            total_cost, path = min(options.values(), key=lambda item: (item[0], item[1]))
-            if max(path) <= 0:
-                continue
+            # K does not rise, so a first range at K 0 is all K 0: not a schedule.
+            total_cost, path = min(
+                (v for k, v in options.items() if k > 0), key=lambda item: (item[0], item[1])
+            )
             bands = []
             for (lo, hi), k in zip(ranges, path):
                 start = int(lo) + 1

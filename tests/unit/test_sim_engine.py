@@ -192,3 +192,25 @@ def test_dt_must_be_positive() -> None:
 def test_bucket_json_round_trips() -> None:
     args = ["m", "--custom-histogram-buckets", json.dumps({"request_latency": [1, 2]})]
     assert dict(engine_config_from_args(args).custom_buckets) == {"request_latency": (1.0, 2.0)}
+
+
+def test_a_scenarios_true_schedule_penalty_slows_only_pods_that_run_a_table() -> None:
+    """`model.schedule_penalty` is a truth of the scenario: a pod rendered with a table
+    steps slower by it; the same pod without a table does not."""
+    from specdecode.scenario import parse_scenario
+
+    scenario = parse_scenario({
+        "name": "penalty", "duration": "10m", "method": "draft_model",
+        "model": {"schedule_penalty": 0.3},
+        "phases": [{"at": 0, "request_rate": 2, "acceptance": 0.8}],
+    })
+    truth = scenario.params
+    assert truth.schedule_penalty == 0.3
+    table = engine_config_from_args(spec_args(3, per_batch_size=((1, 64, 3), (65, 1024, 0))))
+    plain = engine_config_from_args(spec_args(3))
+    light = Workload(request_rate=2, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    slow = engine_state(table, pod_params(truth, table, {}), light, 1)
+    fine = engine_state(table, pod_params(PARAMS, table, {}), light, 1)
+    assert slow.step_time_s > 1.25 * fine.step_time_s
+    assert engine_state(plain, pod_params(truth, plain, {}), light, 1) == engine_state(
+        plain, pod_params(PARAMS, plain, {}), light, 1)

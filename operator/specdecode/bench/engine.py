@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from specdecode import perfmodel
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.perfmodel import OFF, Config, EngineParams, Schedule, Workload
 from specdecode.scenario import Scenario
 
 
@@ -38,7 +38,7 @@ class Serving:
     """What serves from ``start`` on: ``config`` on ``replicas`` Ready replicas."""
 
     start: float
-    config: int
+    config: Config
     replicas: int
     rolling: bool = False
 
@@ -51,7 +51,7 @@ class Segment:
     end: float
     phase_index: int
     workload: Workload
-    config: int
+    config: Config
     replicas: int
     rolling: bool
     arrivals: float
@@ -106,7 +106,7 @@ class SegmentEvaluator:
             self._truths[at] = hit
         return hit
 
-    def evaluate(self, workload: Workload, config: int, duration: float, queue: float, replicas: int) -> _Eval:
+    def evaluate(self, workload: Workload, config: Config, duration: float, queue: float, replicas: int) -> _Eval:
         queue = round(max(0.0, queue), 1)
         key = (workload, config, round(duration, 3), queue, replicas)
         hit = self._memo.get(key)
@@ -133,7 +133,7 @@ class SegmentEvaluator:
         self._memo[key] = result
         return result
 
-    def _outage(self, workload: Workload, config: int, duration: float, queue: float) -> _Eval:
+    def _outage(self, workload: Workload, config: Config, duration: float, queue: float) -> _Eval:
         """No replica serves: arrivals wait (half the outage on average, plus the backlog
         ahead of them at one replica's capacity), then get the one-replica service time."""
         one = perfmodel.steady_state(self.params, workload, config, 1)
@@ -182,7 +182,7 @@ def truth_breaks(scenario: Scenario) -> list[float]:
     return sorted(b for b in breaks if 0.0 <= b <= scenario.duration)
 
 
-def rollout(start: float, old: int, new: int, replicas: int, rollout_s: float) -> list[Serving]:
+def rollout(start: float, old: Config, new: Config, replicas: int, rollout_s: float) -> list[Serving]:
     """The serving schedule of a change at ``start``: one replica at a time restarts."""
     if replicas <= 1:
         return [Serving(start, new, 0, True), Serving(start + rollout_s, new, max(replicas, 1))]
@@ -239,7 +239,7 @@ def evaluate_schedule(
 
 
 def static_schedule(
-    config: int, replicas: int, declared: int | None = None, rollout_s: float = 0.0
+    config: Config, replicas: int, declared: Config | None = None, rollout_s: float = 0.0
 ) -> list[Serving]:
     """A static choice: ``config`` all along; a service declared at another config switches
     to it at the start and pays the rollout like any other strategy."""
@@ -292,7 +292,7 @@ def headline(axes: Axes, best: Axes) -> tuple[float, float, float]:
 class OraclePlan:
     """The oracle's choice: one config per phase, its schedule and its segments."""
 
-    configs: tuple[int, ...]
+    configs: tuple[Config, ...]
     schedule: tuple[Serving, ...]
     segments: tuple[Segment, ...]
     changes: int
@@ -307,9 +307,9 @@ ORACLE_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 def phase_oracle(
     scenario: Scenario,
     evaluator: SegmentEvaluator,
-    configs: Sequence[int],
-    declared: int,
-    static_segments: dict[int, list[Segment]],
+    configs: Sequence[Config],
+    declared: Config,
+    static_segments: dict[Config, list[Segment]],
 ) -> OraclePlan:
     """The plan over phases x configs that maximises the headline score.
 
@@ -338,7 +338,7 @@ def phase_oracle(
     l0 = reference.latency if 0 < reference.latency < math.inf else 1.0
     runs: dict[tuple, tuple[tuple[Segment, ...], float, float, float]] = {}
 
-    def phase_run(i: int, prev: int, c: int, queue: float):
+    def phase_run(i: int, prev: Config, c: Config, queue: float):
         key = (i, prev, c, round(queue, 1))
         hit = runs.get(key)
         if hit is None:
@@ -352,10 +352,10 @@ def phase_oracle(
             runs[key] = hit
         return hit
 
-    candidates: list[tuple[tuple[int, ...], tuple[Segment, ...], str]] = []
+    candidates: list[tuple[tuple[Config, ...], tuple[Segment, ...], str]] = []
     for mu in ORACLE_WEIGHTS:
         # value[c] = (objective, queue, path, segments) of the best path ending with c.
-        value: dict[int, tuple[float, float, tuple[int, ...], tuple[Segment, ...]]] = {}
+        value: dict[Config, tuple[float, float, tuple[Config, ...], tuple[Segment, ...]]] = {}
         for i in range(len(spans)):
             new_value = {}
             for c in configs:
@@ -368,7 +368,7 @@ def phase_oracle(
                         best = (total, queue_end, path + (c,), segs + phase_segs)
                 new_value[c] = best  # type: ignore[assignment]
             value = new_value
-        best_c = min(value, key=lambda c: (value[c][0], c))
+        best_c = min(value, key=lambda c: (value[c][0], perfmodel.config_order(c)))
         _, _, path, segments = value[best_c]
         candidates.append((path, segments, f"dp:mu={mu:g}"))
     for config, segs in static_segments.items():
@@ -398,15 +398,60 @@ def phase_oracle(
     return OraclePlan(tuple(path), tuple(schedule), tuple(segments), _changes(path, declared), source)
 
 
-def _changes(path: Sequence[int], declared: int) -> int:
+def _changes(path: Sequence[Config], declared: Config) -> int:
     return sum(1 for prev, c in zip((declared, *path), path) if prev != c)
 
 
-def strategy_label(config: int) -> str:
-    """``off`` or ``K=<k>``: a config's name in reports."""
-    return "off" if config == OFF else f"K={config}"
+def strategy_label(config: Config) -> str:
+    """``off``, ``K=<k>`` or ``sched[...]``: a config's name in reports."""
+    return perfmodel.config_label(config)
 
 
 def configs_of(params: EngineParams) -> tuple[int, ...]:
     """Off and every K within the scenario's bounds."""
     return params.configs()
+
+
+SCHEDULE_FAMILY_MAX = 3
+"""At most this many schedules join the oracle's configs (each one adds a row and a column
+to its DP and a static strategy): the run stays cheap."""
+
+
+def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
+    """The schedules the oracle may choose in this scenario: what `perfmodel.propose_schedule`
+    (the function the policy is to call on its observations) proposes from the truth.
+
+    Inputs per phase: the true per-position acceptance at the phase's temperature and the
+    mean running batch of the phase under speculation off and under the ``declared`` config
+    (weighted by the phase's duration). Candidates, in this order: one proposal over the
+    whole scenario (acceptance weighted by duration), then one per phase (longest first);
+    a proposal with one range is a plain K that pays a schedule's cost, never better than
+    that K, so it is dropped; duplicates are dropped; at most ``SCHEDULE_FAMILY_MAX``.
+    """
+    params = scenario.params
+    decay = params.acceptance_decay
+    per_phase = []
+    for start, end, phase in scenario.phase_spans():
+        workload = phase.workload()
+        alpha = perfmodel.effective_alpha(workload.acceptance, workload.temperature, params)
+        weight = (end - start) / 2.0
+        batches = [
+            (perfmodel.steady_state(params, workload, c).batch, weight) for c in (OFF, declared)
+        ]
+        context = workload.prompt_tokens + workload.output_tokens / 2.0
+        per_phase.append((end - start, alpha, batches, context))
+    total = math.fsum(d for d, *_ in per_phase)
+    alpha_all = math.fsum(d * a for d, a, *_ in per_phase) / total
+    context_all = math.fsum(d * c for d, _, _, c in per_phase) / total
+    requests = [(alpha_all, [b for *_, bs, _ in per_phase for b in bs], context_all)]
+    requests += [(a, bs, c) for _, a, bs, c in sorted(per_phase, key=lambda p: -p[0])]
+    family: list[Schedule] = []
+    for alpha, batches, context in requests:
+        acceptance = [alpha * decay**i for i in range(params.max_k)]
+        proposal = perfmodel.propose_schedule(params, acceptance, batches, context)
+        schedule = proposal.schedule
+        if len(schedule.bands) > 1 and schedule not in family:
+            family.append(schedule)
+        if len(family) >= SCHEDULE_FAMILY_MAX:
+            break
+    return tuple(family)
