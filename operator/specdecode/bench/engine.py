@@ -412,7 +412,7 @@ def configs_of(params: EngineParams) -> tuple[int, ...]:
     return params.configs()
 
 
-SCHEDULE_FAMILY_MAX = 3
+SCHEDULE_FAMILY_MAX = 4
 """At most this many schedules join the oracle's configs (each one adds a row and a column
 to its DP and a static strategy): the run stays cheap."""
 
@@ -423,10 +423,17 @@ def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
 
     Inputs per phase: the true per-position acceptance at the phase's temperature and the
     mean running batch of the phase under speculation off and under the ``declared`` config
-    (weighted by the phase's duration). Candidates, in this order: one proposal over the
-    whole scenario (acceptance weighted by duration), then one per phase (longest first);
-    a proposal with one range is a plain K that pays a schedule's cost, never better than
-    that K, so it is dropped; duplicates are dropped; at most ``SCHEDULE_FAMILY_MAX``.
+    (weighted by the phase's duration); over the whole scenario, every phase's batches and
+    the duration-weighted acceptance. Candidates, in this order: the proposal over the whole
+    scenario with every K; then, for each K that is some phase's best plain K (most common
+    first), the proposal over the whole scenario with K bounded to {0, K}
+    (speculate at K below an edge, K 0 above it: the schedule that follows a load swing) and
+    the same with its edge one grid step (a factor 2) higher: the proposal's criterion holds
+    the batch fixed, while at a given load speculation holds a smaller batch than K 0 does,
+    so the edge that serves a load best can sit above the per-step crossover; then one proposal
+    per phase (longest first). A proposal with one range is a plain K that pays a schedule's
+    cost, never better than that K, so it is dropped; so are duplicates; at most
+    ``SCHEDULE_FAMILY_MAX``.
     """
     params = scenario.params
     decay = params.acceptance_decay
@@ -443,15 +450,40 @@ def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
     total = math.fsum(d for d, *_ in per_phase)
     alpha_all = math.fsum(d * a for d, a, *_ in per_phase) / total
     context_all = math.fsum(d * c for d, _, _, c in per_phase) / total
-    requests = [(alpha_all, [b for *_, bs, _ in per_phase for b in bs], context_all)]
-    requests += [(a, bs, c) for _, a, bs, c in sorted(per_phase, key=lambda p: -p[0])]
-    family: list[Schedule] = []
-    for alpha, batches, context in requests:
+    batches_all = [b for *_, bs, _ in per_phase for b in bs]
+
+    def propose(alpha: float, batches, context: float, ks=None) -> Schedule:
         acceptance = [alpha * decay**i for i in range(params.max_k)]
-        proposal = perfmodel.propose_schedule(params, acceptance, batches, context)
-        schedule = proposal.schedule
+        return perfmodel.propose_schedule(params, acceptance, batches, context, ks).schedule
+
+    phase_ks: dict[int, float] = {}
+    for duration, alpha, batches, context in per_phase:
+        acceptance = [alpha * decay**i for i in range(params.max_k)]
+        k = perfmodel.propose_schedule(params, acceptance, batches, context).static_k
+        if k > 0:
+            phase_ks[k] = phase_ks.get(k, 0.0) + duration
+    candidates = [lambda: propose(alpha_all, batches_all, context_all)]
+    for k in sorted(phase_ks, key=lambda k: (-phase_ks[k], k)):
+        candidates.append(lambda k=k: propose(alpha_all, batches_all, context_all, (OFF, k)))
+        candidates.append(lambda k=k: _edge_doubled(propose(alpha_all, batches_all, context_all, (OFF, k))))
+    candidates += [
+        (lambda a=a, bs=bs, c=c: propose(a, bs, c))
+        for _, a, bs, c in sorted(per_phase, key=lambda p: -p[0])
+    ]
+    family: list[Schedule] = []
+    for make in candidates:
+        schedule = make()
         if len(schedule.bands) > 1 and schedule not in family:
             family.append(schedule)
         if len(family) >= SCHEDULE_FAMILY_MAX:
             break
     return tuple(family)
+
+
+def _edge_doubled(schedule: Schedule) -> Schedule:
+    """A two-range schedule with its edge a factor 2 higher (a one-range one unchanged)."""
+    if len(schedule.bands) != 2:
+        return schedule
+    (_, edge, k_low), (_, end, k_high) = schedule.bands
+    edge = 2 * edge
+    return Schedule(((1, edge, k_low), (edge + 1, max(end, edge + 1), k_high)))
