@@ -1611,6 +1611,32 @@ def tokens_per_step_from_positions(acceptance: Sequence[float], k: int) -> float
     return e
 
 
+def acceptance_from_counters(
+    drafts: float, accepted_per_pos: Sequence[float], step_shares: Sequence[tuple[int, float]]
+) -> tuple[float | None, ...]:
+    """Per-position conditional acceptance from vLLM's counters when steps drafted different
+    Ks (a schedule): position i is drafted only by steps with K > i, so
+    ``accepted_per_pos[i] / accepted_per_pos[i-1]`` underestimates it by the share of drafts
+    that stopped before i. ``step_shares`` (e.g. `SteadyState.step_shares` at the observed
+    batch) says how the drafts split across Ks; with one K this is the plain ratio. None
+    where no draft reached the position or none was accepted before it."""
+    drafting = [(k, share) for k, share in step_shares if k > 0 and share > 0]
+    total = math.fsum(share for _, share in drafting)
+    out: list[float | None] = []
+    previous: float | None = 1.0
+    for i, accepted in enumerate(accepted_per_pos):
+        reach = math.fsum(share for k, share in drafting if k > i) / total if total > 0 else 0.0
+        drafted = drafts * reach
+        if drafted <= 0 or previous is None or previous <= 0:
+            out.append(None)
+            previous = None
+            continue
+        rate = accepted / drafted
+        out.append(min(1.0, rate / previous))
+        previous = rate
+    return tuple(out)
+
+
 def propose_schedule(
     params: EngineParams,
     acceptance: Sequence[float],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdecode import vllm
-from specdecode.perfmodel import EngineParams, Workload, acceptance_rate, steady_state
+from specdecode.perfmodel import EngineParams, Workload, acceptance_from_counters, acceptance_rate, steady_state
 from specdecode.sim import exposition as x
 from specdecode.sim.engine import (
     EngineConfig,
@@ -96,6 +96,11 @@ def test_table_read_from_the_rendered_speculative_config_mixes_the_per_position_
     # Position 1 only on K 4 steps: alpha^2 of those, so alpha^2 * share of all drafts.
     assert pos[1] / drafts == pytest.approx(alpha**2 * shares[4], rel=0.08)
     assert pos[1] / drafts < 0.9 * alpha**2
+    # What a policy reads back: the counters de-biased by the step mix give alpha everywhere.
+    recovered = acceptance_from_counters(drafts, pos, state.step_shares())
+    assert recovered[:4] == pytest.approx([alpha] * 4, rel=0.05)
+    naive = pos[1] / pos[0]
+    assert naive < 0.9 * alpha
 
 
 def test_pod_method_and_limits_shape_its_true_engine() -> None:
