@@ -196,6 +196,13 @@ def test_bench_policy_command_writes_json_csv_and_png(tmp_path, capsys):
     assert summary["policy_margin_over_best_single_static"] == pytest.approx(margin)
     assert (out / "bench-policy.csv").read_text().startswith("scenario,strategy,score")
     assert (out / "short.png").stat().st_size > 10_000
+    # With and without schedules: the oracle with them scores at least the one without.
+    view = scenario["with_schedules"]
+    assert {"policy", "oracle", "oracle+sched", *view["family"]} <= set(view["strategies"])
+    row = summary["schedules"]["scenarios"]["short"]
+    assert row["oracle_schedules"] >= row["oracle"] - 1e-12
+    assert set(row["restarts"]) == {"policy", "oracle", "oracle_schedules"}
+    assert len(row["oracle_schedules_plan"]) == len(SHORT["phases"][:2])
 
 
 def test_bench_policy_refuses_a_bad_scenario(tmp_path, capsys):
