@@ -1645,6 +1645,8 @@ def propose_schedule(
     ks: Iterable[int] | None = None,
     edges: Sequence[int] = SCHEDULE_EDGES,
     max_bands: int = SCHEDULE_MAX_BANDS,
+    prompt_tokens: float = 0.0,
+    output_tokens: float | None = None,
 ) -> ScheduleProposal:
     """The best schedule of the family for the batches a service runs. Pure.
 
@@ -1661,7 +1663,10 @@ def propose_schedule(
     time-weighted mean too); batch sizes not
     seen also count, at 1 % of the weight, on a factor-2 grid 1..1024, so ranges the
     service has not visited get the K their batch size calls for and the edges land near
-    the crossovers. More ranges must gain ``SCHEDULE_BAND_GAIN``. The per-step criterion
+    the crossovers. More ranges must gain ``SCHEDULE_BAND_GAIN``. With the mean
+    ``prompt_tokens`` and ``output_tokens`` of the requests, each step also carries its share
+    of chunked prefill (b x prompt / steps per request at that K; the draft prefills too when
+    K > 0), which is where speculation off wins at long prompts. The per-step criterion
     holds the batch fixed; `steady_state` with the schedule gives the full prediction
     (Little's law, ranges visited as the batch moves) for comparing it with plain configs.
     """
@@ -1677,8 +1682,15 @@ def propose_schedule(
     costs = {k: _scheduled_step_cost(params, k, context_tokens) for k in ks}
     plain = {k: _step_cost(params, k, context_tokens) for k in ks}
 
+    prefill_steps = max(1.0, prompt_tokens / params.max_num_batched_tokens)
+
     def per_token(k: int, b: float, scheduled: bool = True) -> float:
-        return (costs[k] if scheduled else plain[k]).decode(b) / e[k]
+        cost = costs[k] if scheduled else plain[k]
+        step = cost.decode(b)
+        if output_tokens is not None and prompt_tokens > 0:
+            steps_per_request = prefill_steps + max(0.0, output_tokens - 1.0) / e[k]
+            step += cost.per_prefill_token * prompt_tokens * b / steps_per_request
+        return step / e[k]
 
     # Static: the best plain K over the batches seen (all points when none were seen).
     basis = seen or points

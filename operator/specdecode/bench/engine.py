@@ -424,7 +424,8 @@ def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
     Inputs per phase: the true per-position acceptance at the phase's temperature and the
     mean running batch of the phase under speculation off and under the ``declared`` config
     (weighted by the phase's duration); over the whole scenario, every phase's batches and
-    the duration-weighted acceptance. Candidates, in this order: the proposal over the whole
+    the duration-weighted acceptance; prompt and output lengths so each step carries its
+    prefill. Candidates, in this order: the proposal over the whole
     scenario with every K; then, for each K that is some phase's best plain K (most common
     first), the proposal over the whole scenario with K bounded to {0, K}
     (speculate at K below an edge, K 0 above it: the schedule that follows a load swing) and
@@ -445,30 +446,34 @@ def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
         batches = [
             (perfmodel.steady_state(params, workload, c).batch, weight) for c in (OFF, declared)
         ]
-        context = workload.prompt_tokens + workload.output_tokens / 2.0
-        per_phase.append((end - start, alpha, batches, context))
+        per_phase.append((end - start, alpha, batches, (workload.prompt_tokens, workload.output_tokens)))
     total = math.fsum(d for d, *_ in per_phase)
     alpha_all = math.fsum(d * a for d, a, *_ in per_phase) / total
-    context_all = math.fsum(d * c for d, _, _, c in per_phase) / total
+    lengths_all = tuple(math.fsum(d * n[i] for d, _, _, n in per_phase) / total for i in (0, 1))
     batches_all = [b for *_, bs, _ in per_phase for b in bs]
 
-    def propose(alpha: float, batches, context: float, ks=None) -> Schedule:
+    def proposal(alpha: float, batches, lengths: tuple[float, float], ks=None):
+        prompt, output = lengths
         acceptance = [alpha * decay**i for i in range(params.max_k)]
-        return perfmodel.propose_schedule(params, acceptance, batches, context, ks).schedule
+        return perfmodel.propose_schedule(
+            params, acceptance, batches, prompt + output / 2.0, ks,
+            prompt_tokens=prompt, output_tokens=output,
+        )
 
     phase_ks: dict[int, float] = {}
-    for duration, alpha, batches, context in per_phase:
-        acceptance = [alpha * decay**i for i in range(params.max_k)]
-        k = perfmodel.propose_schedule(params, acceptance, batches, context).static_k
+    for duration, alpha, batches, lengths in per_phase:
+        k = proposal(alpha, batches, lengths).static_k
         if k > 0:
             phase_ks[k] = phase_ks.get(k, 0.0) + duration
-    candidates = [lambda: propose(alpha_all, batches_all, context_all)]
+    candidates = [lambda: proposal(alpha_all, batches_all, lengths_all).schedule]
     for k in sorted(phase_ks, key=lambda k: (-phase_ks[k], k)):
-        candidates.append(lambda k=k: propose(alpha_all, batches_all, context_all, (OFF, k)))
-        candidates.append(lambda k=k: _edge_doubled(propose(alpha_all, batches_all, context_all, (OFF, k))))
+        candidates.append(lambda k=k: proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        candidates.append(
+            lambda k=k: _edge_doubled(proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        )
     candidates += [
-        (lambda a=a, bs=bs, c=c: propose(a, bs, c))
-        for _, a, bs, c in sorted(per_phase, key=lambda p: -p[0])
+        (lambda a=a, bs=bs, n=n: proposal(a, bs, n).schedule)
+        for _, a, bs, n in sorted(per_phase, key=lambda p: -p[0])
     ]
     family: list[Schedule] = []
     for make in candidates:
