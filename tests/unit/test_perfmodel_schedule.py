@@ -152,3 +152,15 @@ def test_proposal_is_deterministic_and_needs_a_speculating_k() -> None:
     with pytest.raises(ScheduleError, match="K > 0"):
         propose_schedule(H100, [0.7] * 8, seen, CONTEXT, ks=(0,))
     assert math.isfinite(propose_schedule(H100, [0.7], [], CONTEXT).tpot_s)
+
+
+def test_prefill_share_moves_the_crossover_for_long_prompts() -> None:
+    """H100 model, 1000-token prompts: per decode step K 2-3 stays better at every batch, but
+    the draft also prefills every prompt, so with the requests' lengths the proposal turns
+    K 0 at the large batches of a peak and keeps speculating at the small ones."""
+    seen = [(3, 1.0), (200, 1.0)]
+    decode_only = propose_schedule(H100, [0.8] * 8, seen, CONTEXT)
+    assert decode_only.schedule.k_at(200) > 0
+    with_prefill = propose_schedule(H100, [0.8] * 8, seen, CONTEXT, prompt_tokens=1000, output_tokens=300)
+    assert with_prefill.schedule.k_at(3) > 0 and with_prefill.schedule.k_at(200) == 0
+    assert with_prefill.tpot_s > decode_only.tpot_s

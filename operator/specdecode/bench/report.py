@@ -327,7 +327,7 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
             r.name, f"{row['policy']:.3f}", f"{row['oracle']:.3f}", f"{row['oracle_schedules']:.3f}",
             f"{row['best_static_score']:.3f} {row['best_static']}", sched,
             f"{restarts['policy']}/{restarts['oracle']}/{restarts['oracle_schedules']}",
-            " ".join(plan) if any(c.startswith("sched[") for c in plan) else "(no schedule)",
+            _runs(plan) if any(c.startswith("sched[") for c in plan) else "(no schedule)",
         )
     means = view["mean"]
     table.add_row(
@@ -340,3 +340,14 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         f"({view['scenarios_with_a_family']} scenarios have a family; the oracle runs a schedule "
         f"in {len(view['scenarios_where_the_oracle_runs_a_schedule'])})"
     )
+
+
+def _runs(plan: Sequence[str]) -> str:
+    """'K=3 > sched[...] x4 > off': a per-phase plan with repeats folded."""
+    parts: list[list[Any]] = []
+    for config in plan:
+        if parts and parts[-1][0] == config:
+            parts[-1][1] += 1
+        else:
+            parts.append([config, 1])
+    return " > ".join(c if n == 1 else f"{c} x{n}" for c, n in parts)
