@@ -16,7 +16,8 @@ already on the new config. The segment is evaluated at the config most serving r
 new during the second. With one replica a rollout is an outage: arrivals wait.
 
 Phase oracle (BENCHMARK.md, binding): a dynamic program over phases x configs (off and each K
-within the bounds) that maximises the headline score, starting, like every strategy, at the
+within the bounds; with schedules, also the scenario's `schedule_family` of per-batch-size K
+schedules) that maximises the headline score, starting, like every strategy, at the
 service's declared config and paying the same rollout for each change; see `phase_oracle`
 for how a per-phase recursion maximises a score that is a min of two whole-scenario ratios.
 Static choices start at the declared config too: one that differs switches at time 0.
