@@ -219,3 +219,25 @@ def test_a_scenarios_true_schedule_penalty_slows_only_pods_that_run_a_table() ->
     assert slow.step_time_s > 1.25 * fine.step_time_s
     assert engine_state(plain, pod_params(truth, plain, {}), light, 1) == engine_state(
         plain, pod_params(PARAMS, plain, {}), light, 1)
+
+
+def test_the_simulator_runs_the_schedule_the_operator_renders(minimal_spec) -> None:
+    """spec.speculation.perBatchSizeK -> rendered --speculative-config -> the pod's engine:
+    the same ranges, as a schedule, drafting K 4 at small batches and nothing at large."""
+    from specdecode import api, render
+    from specdecode.perfmodel import Schedule
+
+    from .conftest import service_doc
+
+    spec = {**minimal_spec, "speculation": {"method": "draft_model", "draftModel": "org/draft",
+                                            "numSpeculativeTokens": 4, "perBatchSizeK": [
+        {"minBatchSize": 1, "maxBatchSize": 16, "k": 4}, {"minBatchSize": 17, "maxBatchSize": 1024, "k": 0}]}}
+    objects = render.render_all(api.parse_service(service_doc(spec)), render.SpeculationChoice(k=4))
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = engine_config_from_args(args)
+    assert config.perf_config == Schedule(((1, 16, 4), (17, 1024, 0)))
+    light = Workload(request_rate=1, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    heavy = Workload(request_rate=60, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    assert dict(engine_state(config, PARAMS, light, 1).step_shares())[4] > 0.99
+    assert dict(engine_state(config, PARAMS, heavy, 1).step_shares())[0] > 0.99
