@@ -71,7 +71,7 @@ import functools
 import math
 from dataclasses import dataclass, fields, replace
 from statistics import NormalDist
-from typing import Any, Iterable, Literal, Mapping, get_args
+from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args
 
 Method = Literal["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -185,6 +185,19 @@ class EngineParams:
     step_table_draft_scale: float = 1.0
     """Multiplier on the table's draft forwards (a costlier or cheaper draft)."""
 
+    # --- per-batch-size K schedules (vLLM 0.24+, num_speculative_tokens_per_batch_size) ---
+    schedule_overhead_s: float = 0.5e-3
+    """Per-step cost of running under a schedule, on every step (K 0 ranges included):
+    the full-to-piecewise CUDA-graph downgrade and the per-step K lookup (one report: 14 %
+    slower single-stream, ~1 ms of an 8B step). The policy calibrates it after a rollout."""
+    schedule_penalty: float = 0.0
+    """Relative slow-down of every step under a schedule (0.2 = 20 % slower), beyond
+    ``schedule_overhead_s``: a truth a scenario sets to play the reported regressions (an
+    MTP setup whose throughput collapsed past a threshold); the policy's prior is 0."""
+    batch_dispersion: float = 1.0
+    """Variance / mean of the running batch around its mean (1: Poisson, as many requests
+    in flight independently); sets how often a schedule's steps fall into each range."""
+
     # --- acceptance ---
     temperature_sensitivity: float = 0.12
     """s in alpha_T = alpha_0 * (1 - s*T): acceptance lost per unit of temperature."""
@@ -248,6 +261,9 @@ class EngineParams:
             "preemptions_per_request_max",
             "step_table_scale",
             "step_table_draft_scale",
+            "schedule_overhead_s",
+            "schedule_penalty",
+            "batch_dispersion",
         ):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -368,6 +384,123 @@ class Workload:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature!r}")
         if not 0 <= self.acceptance <= 1:
             raise ValueError(f"acceptance must be in [0, 1], got {self.acceptance!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Per-batch-size K schedules
+# --------------------------------------------------------------------------------------------
+
+
+class ScheduleError(ValueError):
+    """A malformed schedule: one line naming what is wrong and the fix."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A per-batch-size K schedule (vLLM's ``num_speculative_tokens_per_batch_size``).
+
+    ``bands`` are inclusive ``(start, end, K)`` batch-size ranges, the first starting at 1,
+    each starting right after the previous one; the last range extends past its end (vLLM
+    carries the last row's K forward). K 0 turns speculation off for that range while the
+    draft stays loaded: its memory (weights and KV) is held at every batch size, and every
+    step pays ``schedule_overhead_s``. A config is an int K (0 = off) or a Schedule.
+    """
+
+    bands: tuple[tuple[int, int, int], ...]
+
+    def __post_init__(self) -> None:
+        bands = tuple(tuple(int(x) for x in band) for band in self.bands)
+        object.__setattr__(self, "bands", bands)
+        if not bands:
+            raise ScheduleError("schedule: needs at least one [start, end, K] range")
+        expected = 1
+        for start, end, k in bands:
+            if start != expected:
+                raise ScheduleError(
+                    f"schedule: range [{start}, {end}, {k}] must start at batch size {expected}"
+                )
+            if end < start:
+                raise ScheduleError(f"schedule: range [{start}, {end}, {k}] ends before it starts")
+            if k < 0:
+                raise ScheduleError(f"schedule: range [{start}, {end}, {k}] has K < 0")
+            expected = end + 1
+        if self.max_k <= 0:
+            raise ScheduleError("schedule: every range has K 0; use speculation off (K 0) instead")
+
+    @property
+    def max_k(self) -> int:
+        """The largest K of any range: vLLM's num_speculative_tokens (buffers, memory)."""
+        return max(k for _, _, k in self.bands)
+
+    def k_at(self, batch: float) -> int:
+        """K of a step at this running batch size (rounded; the last range extends on)."""
+        size = max(1, int(round(batch)))
+        for start, end, k in self.bands:
+            if size <= end:
+                return k
+        return self.bands[-1][2]
+
+    @property
+    def label(self) -> str:
+        """Short name: ``1-16:K4,17+:off`` (ranges and their K; the last is open)."""
+        parts = []
+        for i, (start, end, k) in enumerate(self.bands):
+            span = f"{start}+" if i == len(self.bands) - 1 else f"{start}-{end}"
+            parts.append(f"{span}:{'off' if k == 0 else f'K{k}'}")
+        return ",".join(parts)
+
+    def rows(self) -> tuple[tuple[int, int, int], ...]:
+        """The table as vLLM takes it (the last range's end as given)."""
+        return self.bands
+
+    @classmethod
+    def from_table(cls, rows: Iterable[Iterable[int]], num_speculative_tokens: int) -> "Schedule":
+        """vLLM's dense reading of a rendered table: rows sorted by start, gaps carry the
+        previous row's K forward, every K capped at ``num_speculative_tokens``."""
+        table = sorted(tuple(int(x) for x in row) for row in rows)
+        if not table:
+            raise ScheduleError("schedule: empty table")
+        bands: list[tuple[int, int, int]] = []
+        k_prev = min(table[0][2], num_speculative_tokens)
+        next_start = 1
+        for start, end, k in table:
+            if start > next_start:
+                bands.append((next_start, start - 1, k_prev))
+            k_prev = min(k, num_speculative_tokens)
+            start = max(start, next_start)
+            if end >= start:
+                bands.append((start, end, k_prev))
+                next_start = end + 1
+        merged: list[tuple[int, int, int]] = []
+        for band in bands:
+            if merged and merged[-1][2] == band[2]:
+                merged[-1] = (merged[-1][0], band[1], band[2])
+            else:
+                merged.append(band)
+        return cls(tuple(merged))
+
+
+Config = Union[int, Schedule]
+"""A config: an int K (0 = speculation off) or a per-batch-size schedule."""
+
+
+def config_max_k(config: Config) -> int:
+    """K that sizes the engine (buffers, draft memory): K, or a schedule's largest K."""
+    return config.max_k if isinstance(config, Schedule) else int(config)
+
+
+def config_label(config: Config) -> str:
+    """``off``, ``K=<k>`` or ``sched[<schedule label>]``: a config's name in reports."""
+    if isinstance(config, Schedule):
+        return f"sched[{config.label}]"
+    return "off" if config == OFF else f"K={config}"
+
+
+def config_order(config: Config) -> tuple:
+    """A total order over configs (ties in comparisons): off, each K, then schedules."""
+    if isinstance(config, Schedule):
+        return (1, config.bands)
+    return (0, int(config))
 
 
 # --------------------------------------------------------------------------------------------
@@ -497,6 +630,21 @@ def _table_step_cost(
     return _StepCost(fixed=points[0][1], per_seq=0.0, per_prefill_token=prefill, curve=tuple(points))
 
 
+def _scheduled_step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
+    """A step of K ``k`` under a schedule: the plain step of that K (a K 0 step also pays the
+    speculation bookkeeping: the proposer stays configured), plus ``schedule_overhead_s``,
+    times ``1 + schedule_penalty``."""
+    cost = _step_cost(params, k, context_tokens)
+    extra = params.schedule_overhead_s + (params.spec_overhead_s if k == 0 else 0.0)
+    scale = 1.0 + params.schedule_penalty
+    return _StepCost(
+        fixed=(cost.fixed + extra) * scale,
+        per_seq=cost.per_seq * scale,
+        per_prefill_token=cost.per_prefill_token * scale,
+        curve=tuple((b, (t + extra) * scale) for b, t in cost.curve),
+    )
+
+
 def step_time(
     params: EngineParams,
     k: int,
@@ -507,15 +655,20 @@ def step_time(
     """Seconds of one engine step: verify batch*(k+1) tokens, draft k tokens, prefill chunk.
 
     `context_tokens` is the mean resident context per decoding sequence; `prefill_tokens`
-    the prompt tokens chunked into this step. k = 0 is a plain decode step.
+    the prompt tokens chunked into this step. k = 0 is a plain decode step; a Schedule
+    steps at the K its range gives ``batch``, with the schedule's own cost.
     """
-    cost = _step_cost(params, k, context_tokens)
+    if isinstance(k, Schedule):
+        cost = _scheduled_step_cost(params, k.k_at(batch), context_tokens)
+    else:
+        cost = _step_cost(params, k, context_tokens)
     return cost.decode(batch) + cost.per_prefill_token * prefill_tokens
 
 
-def kv_capacity(params: EngineParams, k: int) -> float:
-    """KV-cache capacity in target-KV tokens: the draft's weights and KV share the pool."""
-    if k <= 0:
+def kv_capacity(params: EngineParams, k: Config) -> float:
+    """KV-cache capacity in target-KV tokens: the draft's weights and KV share the pool
+    (under a schedule at every batch size, K 0 ranges included: the draft stays loaded)."""
+    if config_max_k(k) <= 0:
         return float(params.kv_capacity_tokens)
     free = params.kv_capacity_tokens - params.draft_weight_tokens
     return free / (1.0 + params.draft_kv_ratio)
@@ -542,7 +695,7 @@ class SteadyState:
     `queue_growth_rps`: e2e latency is unbounded in steady state (see `evaluate_phase`).
     """
 
-    k: int
+    k: Config
     alpha: float
     """Per-token acceptance after temperature."""
     tokens_per_step: float
@@ -584,6 +737,15 @@ class SteadyState:
     """Requests per second added to the waiting queue (0 unless saturated)."""
     saturated: bool
     replicas: int
+    step_mix: tuple[tuple[int, float], ...] = ()
+    """Under a schedule: (K, share of sequence-steps) of each range the batch visits; empty
+    for a plain config (every step at ``k``). See `step_shares`."""
+
+    def step_shares(self) -> tuple[tuple[int, float], ...]:
+        """(K, share of sequence-steps drafted at that K): what the per-position counters mix."""
+        if self.step_mix:
+            return self.step_mix
+        return ((config_max_k(self.k), 1.0),)
 
 
 @dataclass(frozen=True)
@@ -720,6 +882,8 @@ def steady_state(
     `replicas` overrides params.replicas (e.g. one fewer during a rollout); 0 replicas serve
     nothing and are reported saturated with zero capacity.
     """
+    if isinstance(k, Schedule):
+        return _schedule_steady_state(params, workload, k, replicas)
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     n_rep = params.replicas if replicas is None else replicas
@@ -794,6 +958,212 @@ def steady_state(
     )
 
 
+# --- steady state under a schedule ----------------------------------------------------------
+
+_SCHEDULE_GRID = 48
+
+
+def _band_occupancy(
+    schedule: Schedule, mean_batch: float, dispersion: float
+) -> list[tuple[int, float, float]]:
+    """(K, probability, mean batch given the range) of each range at a mean running batch:
+    the batch is normal around its mean with variance ``dispersion * mean`` (a Poisson count
+    when 1), cut at the ranges' edges (half-integers); the means sum back to ``mean_batch``."""
+    sd = math.sqrt(max(1e-12, dispersion * mean_batch))
+    out = []
+    last = len(schedule.bands) - 1
+    for i, (start, end, k) in enumerate(schedule.bands):
+        z_lo = -math.inf if i == 0 else (start - 0.5 - mean_batch) / sd
+        z_hi = math.inf if i == last else (end + 0.5 - mean_batch) / sd
+        cdf_lo = 0.0 if z_lo == -math.inf else _NORMAL.cdf(z_lo)
+        cdf_hi = 1.0 if z_hi == math.inf else _NORMAL.cdf(z_hi)
+        prob = cdf_hi - cdf_lo
+        if prob <= 1e-12:
+            continue
+        pdf_lo = 0.0 if z_lo == -math.inf else _NORMAL.pdf(z_lo)
+        pdf_hi = 0.0 if z_hi == math.inf else _NORMAL.pdf(z_hi)
+        mean = mean_batch + sd * (pdf_lo - pdf_hi) / prob
+        out.append((k, prob, max(1e-9, mean)))
+    return out
+
+
+@dataclass(frozen=True)
+class _ScheduleShape:
+    """What a schedule's steady state needs per range, for one workload (memoizable)."""
+
+    bands: tuple[tuple[int, float, float, _StepCost], ...]
+    """(K, E, steps in batch n, step cost) per K of the schedule."""
+    prompt: float
+    kv_per_seq: float
+    kv_cap: float
+    batch_cap: float
+
+
+def _schedule_shape(params: EngineParams, workload: Workload, schedule: Schedule, alpha: float) -> _ScheduleShape:
+    decay = params.acceptance_decay
+    prompt, out = workload.prompt_tokens, workload.output_tokens
+    context = prompt + out / 2.0
+    kmax = schedule.max_k
+    kv_per_seq = context + kmax
+    kv_cap = kv_capacity(params, schedule)
+    budget = params.max_num_batched_tokens
+    budget_cap = math.inf
+    for start, end, k in schedule.bands:
+        limit = budget / (k + 1)
+        if limit < start:
+            budget_cap = start - 1
+            break
+        if limit < end or (start, end, k) == schedule.bands[-1]:
+            budget_cap = limit
+            break
+    batch_cap = max(1.0, min(float(params.max_num_seqs), budget_cap, kv_cap / kv_per_seq))
+    prefill_steps = max(1.0, prompt / budget)
+    bands = []
+    for k in sorted({k for _, _, k in schedule.bands}):
+        e = expected_tokens_per_step(alpha, k, decay)
+        n = prefill_steps + max(0.0, out - 1.0) / e
+        bands.append((k, e, n, _scheduled_step_cost(params, k, context)))
+    return _ScheduleShape(tuple(bands), prompt, kv_per_seq, kv_cap, batch_cap)
+
+
+def _schedule_flows(params: EngineParams, shape: _ScheduleShape, schedule: Schedule, batch: float):
+    """At mean running batch ``batch`` per replica: (request rate sustained, sequence-steps
+    per second, per K (K, sequence-steps/s, emitted tokens/s)), each range's steps at its
+    conditional mean batch."""
+    by_k = {k: (e, n, cost) for k, e, n, cost in shape.bands}
+    prefill = shape.prompt
+    usage = batch * shape.kv_per_seq / shape.kv_cap
+    if usage > params.preemption_onset:
+        prefill += _preemptions_per_request(params, min(1.0, usage)) * shape.kv_per_seq
+    rate = steps = 0.0
+    mix: dict[int, list[float]] = {}
+    for k, prob, b in _band_occupancy(schedule, batch, params.batch_dispersion):
+        e, n, cost = by_k[k]
+        step = cost.decode(b) + b * cost.per_prefill_token * prefill / n
+        seq_steps = prob * b / step
+        rate += seq_steps / n
+        steps += seq_steps
+        row = mix.setdefault(k, [0.0, 0.0])
+        row[0] += seq_steps
+        row[1] += seq_steps * e
+    return rate, steps, tuple((k, v[0], v[1]) for k, v in sorted(mix.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _schedule_capacity(params: EngineParams, workload: Workload, schedule: Schedule, alpha: float):
+    """(shape, grid of (batch, rate), peak batch, capacity per replica) of a schedule: the
+    rate a mean batch sustains need not rise monotonically (a costlier range above an edge),
+    so capacity is the maximum over a grid of batches up to the cap, refined locally."""
+    shape = _schedule_shape(params, workload, schedule, alpha)
+    cap = shape.batch_cap
+    grid = [(b, _schedule_flows(params, shape, schedule, b)[0])
+            for b in (cap * (i / _SCHEDULE_GRID) ** 2 for i in range(1, _SCHEDULE_GRID + 1))]
+    peak_batch, capacity = max(grid, key=lambda item: item[1])
+    return shape, tuple(grid), peak_batch, capacity
+
+
+def _schedule_steady_state(
+    params: EngineParams, workload: Workload, schedule: Schedule, replicas: int | None
+) -> SteadyState:
+    """Steady state under a schedule: Little's law on the mean batch, with the steps of each
+    range at that range's K and cost, weighted by how often the batch sits in it."""
+    n_rep = params.replicas if replicas is None else replicas
+    alpha = effective_alpha(workload.acceptance, workload.temperature, params)
+    decay = params.acceptance_decay
+    shape, grid, peak_batch, capacity_1 = _schedule_capacity(params, workload, schedule, alpha)
+    out = workload.output_tokens
+    prefill_steps = max(1.0, workload.prompt_tokens / params.max_num_batched_tokens)
+    if n_rep <= 0:
+        k1 = schedule.k_at(shape.batch_cap)
+        step = _scheduled_step_cost(params, k1, workload.prompt_tokens + out / 2.0).decode(shape.batch_cap)
+        return replace(
+            _saturated_nothing(params, workload, k1, alpha, expected_tokens_per_step(alpha, k1, decay),
+                               decay, step, shape.batch_cap),
+            k=schedule,
+        )
+    lam = workload.request_rate / n_rep
+    if lam >= capacity_1:
+        batch, saturated, lam_served = peak_batch, True, capacity_1
+    else:
+        lo = 0.0
+        hi = peak_batch
+        for b, rate in grid:
+            if rate >= lam:
+                hi = b
+                break
+            lo = b
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            if _schedule_flows(params, shape, schedule, mid)[0] < lam:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo < 1e-4 * max(1.0, hi):
+                break
+        batch, saturated, lam_served = hi, False, lam
+    if lam_served > 0 and batch > 0:
+        _, seq_steps, mix = _schedule_flows(params, shape, schedule, batch)
+    else:
+        seq_steps, mix = 0.0, ()
+    if seq_steps > 0:
+        step = batch / seq_steps
+        e = sum(tokens for _, _, tokens in mix) / seq_steps
+        shares = tuple((k, steps / seq_steps) for k, steps, _ in mix)
+    else:
+        k1 = schedule.k_at(1)
+        step = _scheduled_step_cost(params, k1, workload.prompt_tokens + out / 2.0).decode(1.0)
+        e = expected_tokens_per_step(alpha, k1, decay)
+        shares = ((k1, 1.0),)
+    drafted = sum(share * k for k, share in shares)
+    drafting = sum(share for k, share in shares if k > 0)
+    accepted = e - 1.0
+    main_k = max(shares, key=lambda item: item[1])[0]
+    decode_steps = max(0.0, out - 1.0) / e
+    capacity = capacity_1 * n_rep
+    throughput = min(workload.request_rate, capacity)
+    ttft = step * (0.5 + prefill_steps)
+    service = ttft + decode_steps * step
+    decode_share = decode_steps * step / service if service > 0 else 0.0
+    service_cv = math.hypot(params.output_tokens_cv, params.tpot_cv) * decode_share
+    tpot = step / e
+    tpot_cv = _tpot_cv(params, alpha, main_k, decay, decode_steps)
+    usage = min(1.0, batch * shape.kv_per_seq / shape.kv_cap)
+    preemptions = _preemptions_per_request(params, usage)
+    if saturated:
+        e2e = e2e_p95 = math.inf
+    else:
+        e2e = service
+        e2e_p95 = _lognormal_quantile(service, service_cv, 0.95)
+    return SteadyState(
+        k=schedule,  # type: ignore[arg-type]
+        alpha=alpha,
+        tokens_per_step=e,
+        acceptance_rate=accepted / drafted if drafted > 0 else 0.0,
+        mean_accepted_length=accepted / drafting if drafting > 0 else 0.0,
+        batch=batch,
+        batch_cap=shape.batch_cap,
+        step_time_s=step,
+        tpot_s=tpot,
+        tpot_p95_s=_lognormal_quantile(tpot, tpot_cv, 0.95),
+        tpot_cv=tpot_cv,
+        ttft_s=ttft,
+        service_s=service,
+        service_cv=service_cv,
+        e2e_s=e2e,
+        e2e_p95_s=e2e_p95,
+        capacity_rps=capacity,
+        utilization=workload.request_rate / capacity if capacity > 0 else math.inf,
+        throughput_rps=throughput,
+        generation_tokens_per_s=throughput * out,
+        kv_usage=usage,
+        preemptions_per_s=throughput * preemptions,
+        queue_growth_rps=max(0.0, workload.request_rate - capacity) if saturated else 0.0,
+        saturated=saturated,
+        replicas=n_rep,
+        step_mix=shares,
+    )
+
+
 def _saturated_nothing(
     params: EngineParams,
     workload: Workload,
@@ -863,7 +1233,7 @@ class PhaseResult:
     (or drains) during the phase is included. `queue_end` carries into the next phase.
     """
 
-    k: int
+    k: Config
     duration_s: float
     arrivals: float
     """Requests arriving during the phase."""
@@ -963,7 +1333,7 @@ def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
 def evaluate_phase(
     params: EngineParams,
     workload: Workload,
-    k: int,
+    k: Config,
     duration_s: float,
     initial_queue: float = 0.0,
     replicas: int | None = None,
@@ -1185,3 +1555,214 @@ def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
     """
     sigma2 = math.log1p(cv * cv)
     return math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2)
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing a schedule
+# --------------------------------------------------------------------------------------------
+
+
+SCHEDULE_EDGES: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256)
+"""Batch sizes where a proposed schedule's ranges may end (a range ends at an edge and the
+next starts right after it): coarse, a factor 2 apart, so a schedule stays right while the
+batch wanders and few schedules exist."""
+SCHEDULE_MAX_BANDS = 3
+"""At most this many ranges in a proposed schedule."""
+SCHEDULE_BAND_GAIN = 0.01
+"""A schedule with more ranges must cut the time per token by this fraction more than the
+best one with fewer ranges, or the fewer win (robustness over a last percent)."""
+_UNSEEN_WEIGHT = 0.01
+_UNSEEN_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class ScheduleProposal:
+    """The schedule `propose_schedule` chose and the figures it chose it on."""
+
+    schedule: Schedule
+    tpot_s: float
+    """Time-weighted mean time per output token under the schedule over the batches seen,
+    schedule overhead included."""
+    static_k: int
+    """The best single plain config (0 = off) over the same batches, no schedule cost."""
+    static_tpot_s: float
+    """Its mean time per output token over the same batches."""
+    crossover_batches: tuple[tuple[int, int], ...]
+    """(batch size, best K there) where the best K changes on the batch-size grid 1..1024."""
+
+    @property
+    def gain(self) -> float:
+        """Fraction of time per token the schedule saves against the best static config
+        (negative: the static config is better, e.g. when the schedule's overhead outweighs
+        what following the batch gives)."""
+        return 1.0 - self.tpot_s / self.static_tpot_s if self.static_tpot_s > 0 else 0.0
+
+
+def tokens_per_step_from_positions(acceptance: Sequence[float], k: int) -> float:
+    """E at K from per-position conditional acceptance (``acceptance[i]`` = P(position i
+    accepted | i-1 was), what ``accepted_per_pos[i] / accepted_per_pos[i-1]`` estimates);
+    positions beyond the list repeat its last value."""
+    if k <= 0 or not acceptance:
+        return 1.0
+    e, p = 1.0, 1.0
+    for i in range(k):
+        p *= min(1.0, max(0.0, acceptance[min(i, len(acceptance) - 1)]))
+        e += p
+    return e
+
+
+def acceptance_from_counters(
+    drafts: float, accepted_per_pos: Sequence[float], step_shares: Sequence[tuple[int, float]]
+) -> tuple[float | None, ...]:
+    """Per-position conditional acceptance from vLLM's counters when steps drafted different
+    Ks (a schedule): position i is drafted only by steps with K > i, so
+    ``accepted_per_pos[i] / accepted_per_pos[i-1]`` underestimates it by the share of drafts
+    that stopped before i. ``step_shares`` (e.g. `SteadyState.step_shares` at the observed
+    batch) says how the drafts split across Ks; with one K this is the plain ratio. None
+    where no draft reached the position or none was accepted before it."""
+    drafting = [(k, share) for k, share in step_shares if k > 0 and share > 0]
+    total = math.fsum(share for _, share in drafting)
+    out: list[float | None] = []
+    previous: float | None = 1.0
+    for i, accepted in enumerate(accepted_per_pos):
+        reach = math.fsum(share for k, share in drafting if k > i) / total if total > 0 else 0.0
+        drafted = drafts * reach
+        if drafted <= 0 or previous is None or previous <= 0:
+            out.append(None)
+            previous = None
+            continue
+        rate = accepted / drafted
+        out.append(min(1.0, rate / previous))
+        previous = rate
+    return tuple(out)
+
+
+def propose_schedule(
+    params: EngineParams,
+    acceptance: Sequence[float],
+    batches: Iterable[tuple[float, float]],
+    context_tokens: float,
+    ks: Iterable[int] | None = None,
+    edges: Sequence[int] = SCHEDULE_EDGES,
+    max_bands: int = SCHEDULE_MAX_BANDS,
+    prompt_tokens: float = 0.0,
+    output_tokens: float | None = None,
+) -> ScheduleProposal:
+    """The best schedule of the family for the batches a service runs. Pure.
+
+    Inputs: the calibrated step-time model ``params`` (a policy's prior with its calibrated
+    scale; ``schedule_overhead_s`` is charged on every step), per-position conditional
+    acceptance ``acceptance`` (at the service's temperature), the running batch sizes seen
+    as ``(batch, weight)`` pairs (e.g. `vllm:num_requests_running` samples, weight = time),
+    and the mean resident context per sequence.
+
+    The family: at most ``max_bands`` ranges whose ends lie on ``edges`` (a factor 2 apart),
+    K per range from ``ks`` (default off and min_k..max_k), K not rising with the batch,
+    at least one range with K > 0. Criterion: the time per output token of the step at each
+    batch size, t_K(b) / E_K, weighted by the time spent at it (the benchmark's latency is a
+    time-weighted mean too); batch sizes not
+    seen also count, at 1 % of the weight, on a factor-2 grid 1..1024, so ranges the
+    service has not visited get the K their batch size calls for and the edges land near
+    the crossovers. More ranges must gain ``SCHEDULE_BAND_GAIN``. With the mean
+    ``prompt_tokens`` and ``output_tokens`` of the requests, each step also carries its share
+    of chunked prefill (b x prompt / steps per request at that K; the draft prefills too when
+    K > 0), which is where speculation off wins at long prompts. The per-step criterion
+    holds the batch fixed; `steady_state` with the schedule gives the full prediction
+    (Little's law, ranges visited as the batch moves) for comparing it with plain configs.
+    """
+    ks = tuple(sorted(set(params.configs() if ks is None else ks)))
+    if not any(k > 0 for k in ks):
+        raise ScheduleError("propose_schedule: ks needs at least one K > 0")
+    seen = [(float(b), float(w)) for b, w in batches if w > 0 and b > 0]
+    total = math.fsum(w for _, w in seen)
+    points = list(seen)
+    unseen = _UNSEEN_WEIGHT * (total if total > 0 else 1.0) / len(_UNSEEN_BATCHES)
+    points += [(float(b), unseen) for b in _UNSEEN_BATCHES]
+    e = {k: tokens_per_step_from_positions(acceptance, k) for k in ks}
+    costs = {k: _scheduled_step_cost(params, k, context_tokens) for k in ks}
+    plain = {k: _step_cost(params, k, context_tokens) for k in ks}
+
+    prefill_steps = max(1.0, prompt_tokens / params.max_num_batched_tokens)
+
+    def per_token(k: int, b: float, scheduled: bool = True) -> float:
+        cost = costs[k] if scheduled else plain[k]
+        step = cost.decode(b)
+        if output_tokens is not None and prompt_tokens > 0:
+            steps_per_request = prefill_steps + max(0.0, output_tokens - 1.0) / e[k]
+            step += cost.per_prefill_token * prompt_tokens * b / steps_per_request
+        return step / e[k]
+
+    # Static: the best plain K over the batches seen (all points when none were seen).
+    basis = seen or points
+    weight_basis = math.fsum(w for _, w in basis)
+
+    def static_cost(k: int) -> float:
+        return math.fsum(w * per_token(k, b, False) for b, w in basis) / weight_basis
+
+    static_k = min(ks, key=lambda k: (static_cost(k), k))
+    grid_best = [(b, min(ks, key=lambda k: (per_token(k, b), -k))) for b in _UNSEEN_BATCHES]
+    crossovers = tuple(
+        (b, k) for i, (b, k) in enumerate(grid_best) if i == 0 or grid_best[i - 1][1] != k
+    )
+
+    # band cost[(lo, hi)][k]: sum of w*b*per_token over the points in the range.
+    bounds = (0, *sorted(set(int(x) for x in edges)), math.inf)
+    band_cost: dict[tuple, dict[int, float]] = {}
+
+    def cost_of(lo: float, hi: float) -> dict[int, float]:
+        key = (lo, hi)
+        if key not in band_cost:
+            inside = [(b, w) for b, w in points if lo < round(b) <= hi or (lo == 0 and b < 1)]
+            band_cost[key] = {k: math.fsum(w * per_token(k, b) for b, w in inside) for k in ks}
+        return band_cost[key]
+
+    best: dict[int, tuple[float, tuple[tuple[int, int, int], ...]]] = {}
+    inner = bounds[1:-1]
+    from itertools import combinations
+
+    for n_bands in range(1, max_bands + 1):
+        for cut in combinations(inner, n_bands - 1):
+            ends = (0, *cut, math.inf)
+            ranges = list(zip(ends, ends[1:]))
+            tables = [cost_of(lo, hi) for lo, hi in ranges]
+            # K not rising with the batch: DP over ranges from the last, K <= previous K.
+            options: dict[int, tuple[float, tuple[int, ...]]] = {}
+            for j in reversed(range(len(ranges))):
+                new: dict[int, tuple[float, tuple[int, ...]]] = {}
+                for k in ks:
+                    tail = min(
+                        ((c, path) for kk, (c, path) in options.items() if kk <= k),
+                        default=None, key=lambda item: item[0],
+                    ) if options else (0.0, ())
+                    if tail is None:
+                        continue
+                    new[k] = (tables[j][k] + tail[0], (k, *tail[1]))
+                options = new
+            # K does not rise, so a first range at K 0 is all K 0: not a schedule.
+            total_cost, path = min(
+                (v for k, v in options.items() if k > 0), key=lambda item: (item[0], item[1])
+            )
+            bands = []
+            for (lo, hi), k in zip(ranges, path):
+                start = int(lo) + 1
+                end = int(hi) if math.isfinite(hi) else max(int(lo) + 1, params.max_num_seqs)
+                if bands and bands[-1][2] == k:
+                    bands[-1] = (bands[-1][0], end, k)
+                else:
+                    bands.append((start, end, k))
+            n = len(bands)
+            if n not in best or total_cost < best[n][0]:
+                best[n] = (total_cost, tuple(bands))
+    chosen_n = min(best)
+    for n in sorted(best):
+        if best[n][0] < best[chosen_n][0] * (1.0 - SCHEDULE_BAND_GAIN):
+            chosen_n = n
+    schedule = Schedule(best[chosen_n][1])
+    tpot = math.fsum(w * per_token(schedule.k_at(b), b) for b, w in basis) / weight_basis
+    return ScheduleProposal(
+        schedule=schedule,
+        tpot_s=tpot,
+        static_k=static_k,
+        static_tpot_s=static_cost(static_k),
+        crossover_batches=crossovers,
+    )

@@ -46,12 +46,19 @@ def _evaluator(scenario):
 
 
 def _assert_oracle_beats_every_static(scenario) -> run.Yardstick:
-    measure = run.yardstick(scenario)
+    """Both oracles: K only against every static K, and with the scenario's schedule family
+    against every static K, every static schedule and the K-only oracle."""
+    measure = run.yardstick(scenario, schedules=True)
     figures = run.scored(measure.figures())
     oracle = figures.pop(run.ORACLE)
     assert set(figures) == {run.strategy_name(c) for c in scenario.params.configs()}
     for name, static in figures.items():
         assert oracle.score >= static.score - 1e-12, (scenario.name, name, static, oracle)
+    everything = run.scored({**measure.figures(), **measure.schedule_figures()})
+    with_schedules = everything.pop(run.ORACLE_SCHEDULES)
+    assert len(everything) == len(scenario.params.configs()) + 1 + len(measure.family)
+    for name, other in everything.items():
+        assert with_schedules.score >= other.score - 1e-12, (scenario.name, name, other, with_schedules)
     return measure
 
 
@@ -63,6 +70,32 @@ def test_oracle_scores_at_least_every_static_choice(data):
 @pytest.mark.parametrize("name", [p.stem for p in benchmark_suite()])
 def test_oracle_scores_at_least_every_static_choice_in_every_shipped_scenario(name):
     _assert_oracle_beats_every_static(load_scenario(name))
+
+
+def test_the_oracle_may_run_a_schedule_that_follows_the_load_without_restarts():
+    """Load swinging across the crossover every 20 minutes on the H200 table at acceptance
+    0.6 (speculation pays at small batches, not at hundreds): the family holds a schedule
+    that speculates at small batches and turns K 0 at large ones; the oracle with it scores
+    at least the oracle without and restarts no more, and a schedule static is scored."""
+    scenario = parse_scenario({
+        **SHORT, "name": "swing", "duration": "2h", "noise": "off",
+        "model": {"step_table": "h200-llama8b-1b", "max_k": 4},
+        "phases": [
+            {"at": 0, "request_rate": 3, "acceptance": 0.6},
+            {"at": "20m", "request_rate": 60},
+            {"at": "40m", "request_rate": 3},
+            {"at": "60m", "request_rate": 60},
+            {"at": "80m", "request_rate": 3},
+            {"at": "100m", "request_rate": 60},
+        ],
+    })
+    measure = _assert_oracle_beats_every_static(scenario)
+    assert measure.family, "no schedule proposed for a load swing across the crossover"
+    schedule = measure.family[0]
+    assert schedule.k_at(1) > 0 and schedule.k_at(1000) == 0
+    everything = run.scored({**measure.figures(), **measure.schedule_figures()})
+    assert everything[run.ORACLE_SCHEDULES].score >= everything[run.ORACLE].score
+    assert measure.oracle_schedules.changes <= measure.oracle.changes
 
 
 def test_oracle_switches_when_a_phase_repays_the_restart():
@@ -163,6 +196,13 @@ def test_bench_policy_command_writes_json_csv_and_png(tmp_path, capsys):
     assert summary["policy_margin_over_best_single_static"] == pytest.approx(margin)
     assert (out / "bench-policy.csv").read_text().startswith("scenario,strategy,score")
     assert (out / "short.png").stat().st_size > 10_000
+    # With and without schedules: the oracle with them scores at least the one without.
+    view = scenario["with_schedules"]
+    assert {"policy", "oracle", "oracle+sched", *view["family"]} <= set(view["strategies"])
+    row = summary["schedules"]["scenarios"]["short"]
+    assert row["oracle_schedules"] >= row["oracle"] - 1e-12
+    assert set(row["restarts"]) == {"policy", "oracle", "oracle_schedules"}
+    assert len(row["oracle_schedules_plan"]) == len(SHORT["phases"][:2])
 
 
 def test_bench_policy_refuses_a_bad_scenario(tmp_path, capsys):

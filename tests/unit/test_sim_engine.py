@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdecode import vllm
-from specdecode.perfmodel import EngineParams, Workload, acceptance_rate, steady_state
+from specdecode.perfmodel import EngineParams, Workload, acceptance_from_counters, acceptance_rate, steady_state
 from specdecode.sim import exposition as x
 from specdecode.sim.engine import (
     EngineConfig,
@@ -67,8 +67,40 @@ def test_engine_runs_the_table_k_at_its_batch() -> None:
     table = EngineConfig("m", "draft_model", 5, per_batch_size=((1, 16, 5), (17, 1024, 0)))
     heavy = Workload(request_rate=30, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
     light = Workload(request_rate=0.5, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
-    assert engine_state(table, PARAMS, heavy, 1).k == 0
-    assert engine_state(table, PARAMS, light, 1).k == 5
+    assert dict(engine_state(table, PARAMS, heavy, 1).step_shares()).get(0, 0.0) > 0.99
+    assert dict(engine_state(table, PARAMS, light, 1).step_shares()).get(5, 0.0) > 0.99
+
+
+def test_table_read_from_the_rendered_speculative_config_mixes_the_per_position_counters() -> None:
+    """A pod whose batch straddles the table's edge drafts K 4 on some steps and K 1 on the
+    others: position 0 counts every drafting step, positions 1-3 only the K 4 steps."""
+    args = spec_args(4, per_batch_size=((1, 12, 4), (13, 1024, 1)))
+    config = engine_config_from_args(args)
+    assert config.per_batch_size == ((1, 12, 4), (13, 1024, 1))
+    alpha = 0.8
+    # The rate whose mean batch sits on the edge, so both ranges see many steps.
+    load = Workload(request_rate=5.0, prompt_tokens=1000, output_tokens=300, acceptance=alpha)
+    state = engine_state(config, PARAMS, load, 1)
+    shares = dict(state.step_shares())
+    assert 0.2 < shares[4] < 0.8 and abs(shares[4] + shares[1] - 1.0) < 1e-9
+    engine = PodEngine(config, PARAMS, np.random.default_rng(7))
+    run(engine, 600, load)
+    m = engine.metrics
+    drafts, tokens = m.counters[x.SPEC_DRAFTS], m.counters[x.SPEC_DRAFT_TOKENS]
+    # Draft tokens per draft: the mix of K 4 and K 1 steps.
+    expected = 4 * shares[4] + 1 * shares[1]
+    assert tokens / drafts == pytest.approx(expected, rel=0.05)
+    pos = m.accepted_per_pos
+    # Position 0 is drafted on every step: alpha of all drafts.
+    assert pos[0] / drafts == pytest.approx(alpha, rel=0.03)
+    # Position 1 only on K 4 steps: alpha^2 of those, so alpha^2 * share of all drafts.
+    assert pos[1] / drafts == pytest.approx(alpha**2 * shares[4], rel=0.08)
+    assert pos[1] / drafts < 0.9 * alpha**2
+    # What a policy reads back: the counters de-biased by the step mix give alpha everywhere.
+    recovered = acceptance_from_counters(drafts, pos, state.step_shares())
+    assert recovered[:4] == pytest.approx([alpha] * 4, rel=0.05)
+    naive = pos[1] / pos[0]
+    assert naive < 0.9 * alpha
 
 
 def test_pod_method_and_limits_shape_its_true_engine() -> None:
@@ -165,3 +197,47 @@ def test_dt_must_be_positive() -> None:
 def test_bucket_json_round_trips() -> None:
     args = ["m", "--custom-histogram-buckets", json.dumps({"request_latency": [1, 2]})]
     assert dict(engine_config_from_args(args).custom_buckets) == {"request_latency": (1.0, 2.0)}
+
+
+def test_a_scenarios_true_schedule_penalty_slows_only_pods_that_run_a_table() -> None:
+    """`model.schedule_penalty` is a truth of the scenario: a pod rendered with a table
+    steps slower by it; the same pod without a table does not."""
+    from specdecode.scenario import parse_scenario
+
+    scenario = parse_scenario({
+        "name": "penalty", "duration": "10m", "method": "draft_model",
+        "model": {"schedule_penalty": 0.3},
+        "phases": [{"at": 0, "request_rate": 2, "acceptance": 0.8}],
+    })
+    truth = scenario.params
+    assert truth.schedule_penalty == 0.3
+    table = engine_config_from_args(spec_args(3, per_batch_size=((1, 64, 3), (65, 1024, 0))))
+    plain = engine_config_from_args(spec_args(3))
+    light = Workload(request_rate=2, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    slow = engine_state(table, pod_params(truth, table, {}), light, 1)
+    fine = engine_state(table, pod_params(PARAMS, table, {}), light, 1)
+    assert slow.step_time_s > 1.25 * fine.step_time_s
+    assert engine_state(plain, pod_params(truth, plain, {}), light, 1) == engine_state(
+        plain, pod_params(PARAMS, plain, {}), light, 1)
+
+
+def test_the_simulator_runs_the_schedule_the_operator_renders(minimal_spec) -> None:
+    """spec.speculation.perBatchSizeK -> rendered --speculative-config -> the pod's engine:
+    the same ranges, as a schedule, drafting K 4 at small batches and nothing at large."""
+    from specdecode import api, render
+    from specdecode.perfmodel import Schedule
+
+    from .conftest import service_doc
+
+    spec = {**minimal_spec, "speculation": {"method": "draft_model", "draftModel": "org/draft",
+                                            "numSpeculativeTokens": 4, "perBatchSizeK": [
+        {"minBatchSize": 1, "maxBatchSize": 16, "k": 4}, {"minBatchSize": 17, "maxBatchSize": 1024, "k": 0}]}}
+    objects = render.render_all(api.parse_service(service_doc(spec)), render.SpeculationChoice(k=4))
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = engine_config_from_args(args)
+    assert config.perf_config == Schedule(((1, 16, 4), (17, 1024, 0)))
+    light = Workload(request_rate=1, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    heavy = Workload(request_rate=60, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    assert dict(engine_state(config, PARAMS, light, 1).step_shares())[4] > 0.99
+    assert dict(engine_state(config, PARAMS, heavy, 1).step_shares())[0] > 0.99

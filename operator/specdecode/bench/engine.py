@@ -16,7 +16,8 @@ already on the new config. The segment is evaluated at the config most serving r
 new during the second. With one replica a rollout is an outage: arrivals wait.
 
 Phase oracle (BENCHMARK.md, binding): a dynamic program over phases x configs (off and each K
-within the bounds) that maximises the headline score, starting, like every strategy, at the
+within the bounds; with schedules, also the scenario's `schedule_family` of per-batch-size K
+schedules) that maximises the headline score, starting, like every strategy, at the
 service's declared config and paying the same rollout for each change; see `phase_oracle`
 for how a per-phase recursion maximises a score that is a min of two whole-scenario ratios.
 Static choices start at the declared config too: one that differs switches at time 0.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from specdecode import perfmodel
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.perfmodel import OFF, Config, EngineParams, Schedule, Workload
 from specdecode.scenario import Scenario
 
 
@@ -38,7 +39,7 @@ class Serving:
     """What serves from ``start`` on: ``config`` on ``replicas`` Ready replicas."""
 
     start: float
-    config: int
+    config: Config
     replicas: int
     rolling: bool = False
 
@@ -51,7 +52,7 @@ class Segment:
     end: float
     phase_index: int
     workload: Workload
-    config: int
+    config: Config
     replicas: int
     rolling: bool
     arrivals: float
@@ -106,7 +107,7 @@ class SegmentEvaluator:
             self._truths[at] = hit
         return hit
 
-    def evaluate(self, workload: Workload, config: int, duration: float, queue: float, replicas: int) -> _Eval:
+    def evaluate(self, workload: Workload, config: Config, duration: float, queue: float, replicas: int) -> _Eval:
         queue = round(max(0.0, queue), 1)
         key = (workload, config, round(duration, 3), queue, replicas)
         hit = self._memo.get(key)
@@ -133,7 +134,7 @@ class SegmentEvaluator:
         self._memo[key] = result
         return result
 
-    def _outage(self, workload: Workload, config: int, duration: float, queue: float) -> _Eval:
+    def _outage(self, workload: Workload, config: Config, duration: float, queue: float) -> _Eval:
         """No replica serves: arrivals wait (half the outage on average, plus the backlog
         ahead of them at one replica's capacity), then get the one-replica service time."""
         one = perfmodel.steady_state(self.params, workload, config, 1)
@@ -182,7 +183,7 @@ def truth_breaks(scenario: Scenario) -> list[float]:
     return sorted(b for b in breaks if 0.0 <= b <= scenario.duration)
 
 
-def rollout(start: float, old: int, new: int, replicas: int, rollout_s: float) -> list[Serving]:
+def rollout(start: float, old: Config, new: Config, replicas: int, rollout_s: float) -> list[Serving]:
     """The serving schedule of a change at ``start``: one replica at a time restarts."""
     if replicas <= 1:
         return [Serving(start, new, 0, True), Serving(start + rollout_s, new, max(replicas, 1))]
@@ -239,7 +240,7 @@ def evaluate_schedule(
 
 
 def static_schedule(
-    config: int, replicas: int, declared: int | None = None, rollout_s: float = 0.0
+    config: Config, replicas: int, declared: Config | None = None, rollout_s: float = 0.0
 ) -> list[Serving]:
     """A static choice: ``config`` all along; a service declared at another config switches
     to it at the start and pays the rollout like any other strategy."""
@@ -292,7 +293,7 @@ def headline(axes: Axes, best: Axes) -> tuple[float, float, float]:
 class OraclePlan:
     """The oracle's choice: one config per phase, its schedule and its segments."""
 
-    configs: tuple[int, ...]
+    configs: tuple[Config, ...]
     schedule: tuple[Serving, ...]
     segments: tuple[Segment, ...]
     changes: int
@@ -307,9 +308,9 @@ ORACLE_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 def phase_oracle(
     scenario: Scenario,
     evaluator: SegmentEvaluator,
-    configs: Sequence[int],
-    declared: int,
-    static_segments: dict[int, list[Segment]],
+    configs: Sequence[Config],
+    declared: Config,
+    static_segments: dict[Config, list[Segment]],
 ) -> OraclePlan:
     """The plan over phases x configs that maximises the headline score.
 
@@ -338,7 +339,7 @@ def phase_oracle(
     l0 = reference.latency if 0 < reference.latency < math.inf else 1.0
     runs: dict[tuple, tuple[tuple[Segment, ...], float, float, float]] = {}
 
-    def phase_run(i: int, prev: int, c: int, queue: float):
+    def phase_run(i: int, prev: Config, c: Config, queue: float):
         key = (i, prev, c, round(queue, 1))
         hit = runs.get(key)
         if hit is None:
@@ -352,10 +353,10 @@ def phase_oracle(
             runs[key] = hit
         return hit
 
-    candidates: list[tuple[tuple[int, ...], tuple[Segment, ...], str]] = []
+    candidates: list[tuple[tuple[Config, ...], tuple[Segment, ...], str]] = []
     for mu in ORACLE_WEIGHTS:
         # value[c] = (objective, queue, path, segments) of the best path ending with c.
-        value: dict[int, tuple[float, float, tuple[int, ...], tuple[Segment, ...]]] = {}
+        value: dict[Config, tuple[float, float, tuple[Config, ...], tuple[Segment, ...]]] = {}
         for i in range(len(spans)):
             new_value = {}
             for c in configs:
@@ -368,7 +369,7 @@ def phase_oracle(
                         best = (total, queue_end, path + (c,), segs + phase_segs)
                 new_value[c] = best  # type: ignore[assignment]
             value = new_value
-        best_c = min(value, key=lambda c: (value[c][0], c))
+        best_c = min(value, key=lambda c: (value[c][0], perfmodel.config_order(c)))
         _, _, path, segments = value[best_c]
         candidates.append((path, segments, f"dp:mu={mu:g}"))
     for config, segs in static_segments.items():
@@ -398,15 +399,97 @@ def phase_oracle(
     return OraclePlan(tuple(path), tuple(schedule), tuple(segments), _changes(path, declared), source)
 
 
-def _changes(path: Sequence[int], declared: int) -> int:
+def _changes(path: Sequence[Config], declared: Config) -> int:
     return sum(1 for prev, c in zip((declared, *path), path) if prev != c)
 
 
-def strategy_label(config: int) -> str:
-    """``off`` or ``K=<k>``: a config's name in reports."""
-    return "off" if config == OFF else f"K={config}"
+def strategy_label(config: Config) -> str:
+    """``off``, ``K=<k>`` or ``sched[...]``: a config's name in reports."""
+    return perfmodel.config_label(config)
 
 
 def configs_of(params: EngineParams) -> tuple[int, ...]:
     """Off and every K within the scenario's bounds."""
     return params.configs()
+
+
+SCHEDULE_FAMILY_MAX = 4
+"""At most this many schedules join the oracle's configs (each one adds a row and a column
+to its DP and a static strategy): the run stays cheap."""
+
+
+def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
+    """The schedules the oracle may choose in this scenario: what `perfmodel.propose_schedule`
+    (the function the policy is to call on its observations) proposes from the truth.
+
+    Inputs per phase: the true per-position acceptance at the phase's temperature and the
+    mean running batch of the phase under speculation off and under the ``declared`` config
+    (weighted by the phase's duration); over the whole scenario, every phase's batches and
+    the duration-weighted acceptance; prompt and output lengths so each step carries its
+    prefill. Candidates, in this order: the proposal over the whole
+    scenario with every K; then, for each K that is some phase's best plain K (most common
+    first), the proposal over the whole scenario with K bounded to {0, K}
+    (speculate at K below an edge, K 0 above it: the schedule that follows a load swing) and
+    the same with its edge one grid step (a factor 2) higher: the proposal's criterion holds
+    the batch fixed, while at a given load speculation holds a smaller batch than K 0 does,
+    so the edge that serves a load best can sit above the per-step crossover; then one proposal
+    per phase (longest first). A proposal with one range is a plain K that pays a schedule's
+    cost, never better than that K, so it is dropped; so are duplicates; at most
+    ``SCHEDULE_FAMILY_MAX``.
+    """
+    params = scenario.params
+    decay = params.acceptance_decay
+    per_phase = []
+    for start, end, phase in scenario.phase_spans():
+        workload = phase.workload()
+        alpha = perfmodel.effective_alpha(workload.acceptance, workload.temperature, params)
+        weight = (end - start) / 2.0
+        batches = [
+            (perfmodel.steady_state(params, workload, c).batch, weight) for c in (OFF, declared)
+        ]
+        per_phase.append((end - start, alpha, batches, (workload.prompt_tokens, workload.output_tokens)))
+    total = math.fsum(d for d, *_ in per_phase)
+    alpha_all = math.fsum(d * a for d, a, *_ in per_phase) / total
+    lengths_all = tuple(math.fsum(d * n[i] for d, _, _, n in per_phase) / total for i in (0, 1))
+    batches_all = [b for *_, bs, _ in per_phase for b in bs]
+
+    def proposal(alpha: float, batches, lengths: tuple[float, float], ks=None):
+        prompt, output = lengths
+        acceptance = [alpha * decay**i for i in range(params.max_k)]
+        return perfmodel.propose_schedule(
+            params, acceptance, batches, prompt + output / 2.0, ks,
+            prompt_tokens=prompt, output_tokens=output,
+        )
+
+    phase_ks: dict[int, float] = {}
+    for duration, alpha, batches, lengths in per_phase:
+        k = proposal(alpha, batches, lengths).static_k
+        if k > 0:
+            phase_ks[k] = phase_ks.get(k, 0.0) + duration
+    candidates = [lambda: proposal(alpha_all, batches_all, lengths_all).schedule]
+    for k in sorted(phase_ks, key=lambda k: (-phase_ks[k], k)):
+        candidates.append(lambda k=k: proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        candidates.append(
+            lambda k=k: _edge_doubled(proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        )
+    candidates += [
+        (lambda a=a, bs=bs, n=n: proposal(a, bs, n).schedule)
+        for _, a, bs, n in sorted(per_phase, key=lambda p: -p[0])
+    ]
+    family: list[Schedule] = []
+    for make in candidates:
+        schedule = make()
+        if len(schedule.bands) > 1 and schedule not in family:
+            family.append(schedule)
+        if len(family) >= SCHEDULE_FAMILY_MAX:
+            break
+    return tuple(family)
+
+
+def _edge_doubled(schedule: Schedule) -> Schedule:
+    """A two-range schedule with its edge a factor 2 higher (a one-range one unchanged)."""
+    if len(schedule.bands) != 2:
+        return schedule
+    (_, edge, k_low), (_, end, k_high) = schedule.bands
+    edge = 2 * edge
+    return Schedule(((1, edge, k_low), (edge + 1, max(end, edge + 1), k_high)))

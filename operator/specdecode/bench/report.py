@@ -51,6 +51,13 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
             "day_long_stationary": result.day_long_stationary,
             "oracle_source": result.oracle_source,
             "strategies": {name: asdict(f) for name, f in result.strategies.items()},
+            "with_schedules": None if result.schedules is None else {
+                "family": list(result.schedules.family),
+                "best_static_schedule": result.schedules.best_static_schedule,
+                "oracle_source": result.schedules.oracle_source,
+                "oracle_plan": list(result.schedules.oracle_plan),
+                "strategies": {name: asdict(f) for name, f in result.schedules.strategies.items()},
+            },
             "phases": result.phases,
             "events": result.events,
             "policy_events": policy_events(result),
@@ -181,6 +188,8 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
     )
     console.print(events_table)
 
+    _render_schedules(results, summary, console)
+
     suite_table = Table(title="The suite: mean and worst score per strategy")
     for column in ("strategy", "mean", "worst", "restarts", "SLO min"):
         suite_table.add_column(column, justify="left" if column == "strategy" else "right", no_wrap=True)
@@ -282,3 +291,63 @@ def write_outputs(results: Sequence[ScenarioResult], summary: dict[str, Any], ou
         plot_scenario(r, png)
         written.append(png)
     return written
+
+
+def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any], console: Any) -> None:
+    """Scores with per-batch-size schedules in the yardstick, beside the oracle without."""
+    from rich.table import Table
+
+    view = summary.get("schedules") or {}
+    rows = view.get("scenarios", {})
+    if not rows:
+        return
+    table = Table(
+        title="With per-batch-size schedules: scores against the best of everything, "
+        "schedules included",
+        caption="oracle: K only; oracle+sched: may also run the scenario's schedule family "
+        "(proposed by perfmodel.propose_schedule from the truth); best sched: the family's "
+        "best schedule chosen once. The policy does not choose schedules yet. restarts: "
+        "policy/oracle/oracle+sched.",
+    )
+    for column in ("scenario", "policy", "oracle", "oracle+sched", "best static", "best sched",
+                   "restarts", "oracle+sched plan"):
+        table.add_column(column, justify="left" if column in ("scenario", "oracle+sched plan") else "right",
+                         no_wrap=column != "oracle+sched plan")
+    for r in results:
+        row = rows.get(r.name)
+        if row is None:
+            continue
+        sched = (
+            f"{row['best_static_schedule_score']:.3f} {row['best_static_schedule']}"
+            if row["best_static_schedule"] else "-"
+        )
+        restarts = row["restarts"]
+        plan = row["oracle_schedules_plan"]
+        table.add_row(
+            r.name, f"{row['policy']:.3f}", f"{row['oracle']:.3f}", f"{row['oracle_schedules']:.3f}",
+            f"{row['best_static_score']:.3f} {row['best_static']}", sched,
+            f"{restarts['policy']}/{restarts['oracle']}/{restarts['oracle_schedules']}",
+            _runs(plan) if any(c.startswith("sched[") for c in plan) else "(no schedule)",
+        )
+    means = view["mean"]
+    table.add_row(
+        "[bold]mean[/bold]", f"{means['policy']:.3f}", f"{means['oracle']:.3f}",
+        f"{means['oracle_schedules']:.3f}", f"{means['best_static_score']:.3f}", "", "", "",
+    )
+    console.print(table)
+    console.print(
+        f"  schedules: the oracle gains {view['oracle_schedules_gain']:+.3f} mean score with them "
+        f"({view['scenarios_with_a_family']} scenarios have a family; the oracle runs a schedule "
+        f"in {len(view['scenarios_where_the_oracle_runs_a_schedule'])})"
+    )
+
+
+def _runs(plan: Sequence[str]) -> str:
+    """'K=3 > sched[...] x4 > off': a per-phase plan with repeats folded."""
+    parts: list[list[Any]] = []
+    for config in plan:
+        if parts and parts[-1][0] == config:
+            parts[-1][1] += 1
+        else:
+            parts.append([config, 1])
+    return " > ".join(c if n == 1 else f"{c} x{n}" for c, n in parts)

@@ -46,6 +46,8 @@ from specdecode.scenario import Scenario, load_scenario
 
 POLICY = "policy"
 ORACLE = "oracle"
+ORACLE_SCHEDULES = "oracle+sched"
+"""The oracle that may also choose the scenario's schedule family (`engine.schedule_family`)."""
 SCRAPE_INTERVAL_S = 15.0
 DECLARED_K = 3
 """The K a service declares when its scenario does not bound it away: every strategy starts
@@ -348,6 +350,29 @@ class ScenarioResult:
     rules: dict[str, int]
     best_static: str = ""
     day_long_stationary: bool = False
+    schedules: "ScheduleView | None" = None
+    """The same scenario with per-batch-size schedules in the yardstick (None: not run)."""
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    """What per-batch-size schedules change in a scenario.
+
+    ``strategies`` scores every strategy against the best goodput and latency among the
+    oracle with schedules, the oracle without, every static K and every static schedule:
+    the policy (which does not choose schedules yet), ``oracle`` (K only),
+    ``oracle+sched``, each static K and each schedule of the family chosen once (by its
+    label, ``sched[...]``).
+    """
+
+    family: tuple[str, ...]
+    """Labels of the schedules the oracle may choose (empty: none proposed)."""
+    strategies: dict[str, Figures]
+    best_static_schedule: str
+    """The family's best schedule as a static choice ('' without a family)."""
+    oracle_source: str
+    oracle_plan: tuple[str, ...]
+    """The config of each phase in the oracle+sched plan."""
 
 
 def _effective_alpha(scenario: Scenario, workload: perfmodel.Workload) -> float:
@@ -483,6 +508,10 @@ class Yardstick:
     declared: int
     statics: dict[int, list[engine.Segment]]
     oracle: engine.OraclePlan
+    family: tuple[perfmodel.Schedule, ...] = ()
+    schedule_statics: dict[perfmodel.Schedule, list[engine.Segment]] = field(default_factory=dict)
+    oracle_schedules: engine.OraclePlan | None = None
+    """The oracle over the configs and the family (None: not computed)."""
 
     def figures(self) -> dict[str, Figures]:
         """Unscored figures of every static choice and of the oracle, by strategy name."""
@@ -493,8 +522,17 @@ class Yardstick:
         out[ORACLE] = figures(list(self.oracle.segments), self.oracle.changes)
         return out
 
+    def schedule_figures(self) -> dict[str, Figures]:
+        """Unscored figures of each static schedule and of the oracle with schedules."""
+        out = {strategy_name(s): figures(segs, 1) for s, segs in self.schedule_statics.items()}
+        plan = self.oracle_schedules or self.oracle
+        out[ORACLE_SCHEDULES] = figures(list(plan.segments), plan.changes)
+        return out
 
-def yardstick(scenario: Scenario) -> Yardstick:
+
+def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
+    """Every static choice and the oracle; with ``schedules`` also the scenario's schedule
+    family, each as a static choice, and the oracle that may choose them."""
     params = scenario.params
     evaluator = engine.SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
     configs = engine.configs_of(params)
@@ -506,7 +544,32 @@ def yardstick(scenario: Scenario) -> Yardstick:
         for c in configs
     }
     oracle = engine.phase_oracle(scenario, evaluator, configs, declared, statics)
-    return Yardstick(evaluator, configs, declared, statics, oracle)
+    if not schedules:
+        return Yardstick(evaluator, configs, declared, statics, oracle)
+    family = engine.schedule_family(scenario, declared)
+    schedule_statics = {
+        s: engine.evaluate_schedule(
+            scenario, evaluator, engine.static_schedule(s, params.replicas, declared, params.rollout_s)
+        )
+        for s in family
+    }
+    oracle_schedules = oracle
+    if family:
+        plan = engine.phase_oracle(
+            scenario, evaluator, (*configs, *family), declared, {**statics, **schedule_statics}
+        )
+        # Its DP ranks paths against its own candidates: keep the K-only plan when that one
+        # scores better against the best of everything (the oracle with more choices must
+        # not score below the oracle with fewer).
+        everything = [engine.Axes.of(segs) for segs in (*statics.values(), *schedule_statics.values())]
+        everything += [engine.Axes.of(plan.segments), engine.Axes.of(oracle.segments)]
+        best = engine.best_axes(everything)
+        if engine.headline(engine.Axes.of(plan.segments), best)[0] >= engine.headline(
+            engine.Axes.of(oracle.segments), best
+        )[0]:
+            oracle_schedules = plan
+    return Yardstick(evaluator, configs, declared, statics, oracle, family, schedule_statics,
+                     oracle_schedules)
 
 
 def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
@@ -516,18 +579,35 @@ def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
     return {name: f.with_ratios(best) for name, f in raw.items()}
 
 
-def run_scenario(path: str | Path) -> ScenarioResult:
-    """Every strategy on one scenario file: the policy, every static choice, the oracle."""
+def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
+    raw = {POLICY: policy_figures, **measure.figures(), **measure.schedule_figures()}
+    strategies = scored(raw)
+    names = [strategy_name(s) for s in measure.family]
+    best = max(names, key=lambda n: (strategies[n].score, -names.index(n))) if names else ""
+    plan = measure.oracle_schedules or measure.oracle
+    return ScheduleView(
+        family=tuple(names),
+        strategies=strategies,
+        best_static_schedule=best,
+        oracle_source=plan.source,
+        oracle_plan=tuple(strategy_name(c) for c in plan.configs),
+    )
+
+
+def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
+    """Every strategy on one scenario file: the policy, every static choice, the oracle
+    (and, with ``schedules``, the schedule family, each static, and the oracle with it)."""
     started = time.perf_counter()
     scenario = load_scenario(path)
-    measure = yardstick(scenario)
+    measure = yardstick(scenario, schedules)
     evaluator, configs, declared = measure.evaluator, measure.configs, measure.declared
     statics, oracle = measure.statics, measure.oracle
     settings = policy_settings(scenario)
     run = run_policy(scenario, settings)
     policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
 
-    strategies = scored({POLICY: figures(policy_segments, len(run.changes)), **measure.figures()})
+    policy_figures = figures(policy_segments, len(run.changes))
+    strategies = scored({POLICY: policy_figures, **measure.figures()})
     static_names = [strategy_name(c) for c in configs]
     best_static = max(static_names, key=lambda n: (strategies[n].score, -static_names.index(n)))
 
@@ -561,4 +641,5 @@ def run_scenario(path: str | Path) -> ScenarioResult:
         rules=run.rules,
         best_static=best_static,
         day_long_stationary=is_day_long_stationary(scenario),
+        schedules=_schedule_view(measure, policy_figures) if schedules else None,
     )

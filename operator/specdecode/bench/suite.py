@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specdecode.bench.run import ORACLE, POLICY, ScenarioResult, run_scenario
+from specdecode.bench.run import ORACLE, ORACLE_SCHEDULES, POLICY, ScenarioResult, run_scenario
 from specdecode.policy import Held
 
 TARGET_MEAN = 0.97
@@ -159,8 +159,53 @@ def summarize(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         "policy_margins": margins,
         "day_long_stationary_changes": {n: {"policy": p, "oracle": o} for n, p, o in day_long},
         "overall": overall(results),
+        "schedules": schedules_summary(results),
         "targets": [t.__dict__ for t in targets],
         "elapsed_s_sum": math.fsum(r.elapsed_s for r in results),
+    }
+
+
+def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """With per-batch-size schedules in the yardstick: per scenario the scores (against the
+    best of everything, schedules included) of the policy, the oracle without and with
+    schedules and the best static schedule, their restarts, and the suite's means; the
+    gain of the oracle with schedules over the one without is what schedules could give."""
+    views = [(r, r.schedules) for r in results if r.schedules is not None]
+    if not views:
+        return {}
+    rows = {}
+    for r, v in views:
+        best = v.strategies.get(v.best_static_schedule) if v.best_static_schedule else None
+        best_k = v.strategies[r.best_static]
+        rows[r.name] = {
+            "family": list(v.family),
+            "policy": v.strategies[POLICY].score,
+            "oracle": v.strategies[ORACLE].score,
+            "oracle_schedules": v.strategies[ORACLE_SCHEDULES].score,
+            "best_static": r.best_static,
+            "best_static_score": best_k.score,
+            "best_static_schedule": v.best_static_schedule,
+            "best_static_schedule_score": best.score if best else None,
+            "restarts": {
+                "policy": v.strategies[POLICY].changes,
+                "oracle": v.strategies[ORACLE].changes,
+                "oracle_schedules": v.strategies[ORACLE_SCHEDULES].changes,
+            },
+            "oracle_schedules_plan": list(v.oracle_plan),
+            "oracle_schedules_source": v.oracle_source,
+        }
+
+    def mean(key: str) -> float:
+        return math.fsum(row[key] for row in rows.values()) / len(rows)
+
+    return {
+        "scenarios": rows,
+        "mean": {key: mean(key) for key in ("policy", "oracle", "oracle_schedules", "best_static_score")},
+        "oracle_schedules_gain": mean("oracle_schedules") - mean("oracle"),
+        "scenarios_with_a_family": sum(1 for row in rows.values() if row["family"]),
+        "scenarios_where_the_oracle_runs_a_schedule": sorted(
+            name for name, row in rows.items() if any(c.startswith("sched[") for c in row["oracle_schedules_plan"])
+        ),
     }
 
 

@@ -7,7 +7,8 @@ of its life under a workload, with the noise a real engine's counters have, from
 generator seeded by the caller. No clock, no I/O: the fleet (shell) supplies time.
 
 What one step of `advance` does, per pod, from `perfmodel.steady_state` at the pod's actual
-K (the load of its service split across the service's Ready pods):
+config: K, or its per-batch-size table as a `perfmodel.Schedule` (the load of its service
+split across the service's Ready pods):
 - arrivals ~ Poisson(lambda dt); while the pod is past capacity (or holds a backlog) it
   admits ~ Poisson(mu dt) and the rest wait (`vllm:num_requests_waiting`);
 - every admitted request is sampled whole: prompt and output lengths (lognormal), its queue
@@ -15,7 +16,8 @@ K (the load of its service split across the service's Ready pods):
   e2e time; they fill the request histograms at once (a scrape sees a request a few seconds
   before vLLM would: irrelevant at the windows the operator uses);
 - engine steps: the running sequences take ~ Poisson(B dt / t_step) sequence-steps; each is
-  one draft of K tokens, accepted position by position with the model's conditional
+  one draft of K tokens (under a table, the K of the range the batch is in: steps split
+  across the table's Ks by the model's `step_shares`), accepted position by position with the model's conditional
   acceptance (nested binomials: position i can only be accepted if i-1 was), one
   `inter_token_latency` observation around the step time, 1 + accepted generated tokens;
 - preemptions ~ Poisson(rate dt); gauges from the model's batch, queue and KV usage.
@@ -32,7 +34,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from specdecode import vllm
-from specdecode.perfmodel import METHODS, EngineParams, SteadyState, Workload, steady_state
+from specdecode.perfmodel import (
+    METHODS, Config, EngineParams, Schedule, ScheduleError, SteadyState, Workload, steady_state,
+)
 from specdecode.sim import exposition as x
 
 # Prompts vary less than outputs in most serving traces; the model only uses the mean.
@@ -66,19 +70,26 @@ class EngineConfig:
     def speculative(self) -> bool:
         return self.method is not None and self.num_speculative_tokens > 0
 
-    def k_at_batch(self, batch: float) -> int:
-        """K the engine runs at a batch size: vLLM's dense schedule carries the last row's K
-        forward over gaps and past the table's end, capped at num_speculative_tokens."""
+    @property
+    def perf_config(self) -> Config:
+        """The performance model's config of this engine: 0 (off), K, or the table read as
+        vLLM reads it (`perfmodel.Schedule.from_table`: gaps and the end carry the last
+        row's K forward, capped at num_speculative_tokens)."""
         if not self.speculative:
             return 0
         if not self.per_batch_size:
             return self.num_speculative_tokens
-        size = max(1, int(round(batch)))
-        k = self.num_speculative_tokens
-        for start, _end, row_k in sorted(self.per_batch_size):
-            if start <= size:
-                k = row_k
-        return min(self.num_speculative_tokens, k)
+        try:
+            return Schedule.from_table(self.per_batch_size, self.num_speculative_tokens)
+        except ScheduleError:
+            # Every row at K 0: the draft is loaded and never drafts; the model's nearest
+            # config is speculation off (its memory is not charged).
+            return 0
+
+    def k_at_batch(self, batch: float) -> int:
+        """K the engine runs at a batch size (vLLM's dense reading of the table)."""
+        config = self.perf_config
+        return config.k_at(batch) if isinstance(config, Schedule) else config
 
 
 def engine_config_from_args(args: Sequence[str]) -> EngineConfig:
@@ -175,22 +186,15 @@ def pod_params(scenario_params: EngineParams, config: EngineConfig, overrides: M
 
 
 @lru_cache(maxsize=4096)
-def _state(params: EngineParams, workload: Workload, k: int, replicas: int) -> SteadyState:
-    return steady_state(params, workload, k, replicas)
+def _state(params: EngineParams, workload: Workload, config: Config, replicas: int) -> SteadyState:
+    return steady_state(params, workload, config, replicas)
 
 
 def engine_state(config: EngineConfig, params: EngineParams, workload: Workload, replicas: int) -> SteadyState:
-    """The model's steady state for this pod, at the K its engine really runs.
-
-    With a per-batch-size table the K depends on the batch, which depends on K: one
-    refinement from the configured K settles it (the table is monotone in practice).
-    """
-    k = config.k_at_batch(1)
-    state = _state(params, workload, k, replicas)
-    k_at_load = config.k_at_batch(state.batch)
-    if k_at_load != k:
-        state = _state(params, workload, k_at_load, replicas)
-    return state
+    """The model's steady state for this pod. With a per-batch-size table each step drafts
+    at the K its running batch maps to; `SteadyState.step_shares` says how the steps split
+    across those Ks as the batch moves around its mean."""
+    return _state(params, workload, config.perf_config, replicas)
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,7 @@ class Tick:
     admitted: int
     queue: float
     k: int
+    """The K most of the tick's steps drafted with (0: off)."""
     state: SteadyState
 
 
@@ -230,7 +235,7 @@ class PodEngine:
             raise ValueError(f"dt must be > 0, got {dt}")
         replicas = max(1, ready_replicas)
         state = engine_state(self.config, self.params, workload, replicas)
-        k = state.k
+        k = max(state.step_shares(), key=lambda item: item[1])[0]
         rng = self.rng
         lam = workload.request_rate / replicas
         mu = state.capacity_rps / replicas
@@ -247,7 +252,7 @@ class PodEngine:
         self._admitted = admitted
         with self.metrics.lock:
             self._requests(admitted, workload, state, wait, dt)
-            self._steps(dt, workload, state, k)
+            self._steps(dt, workload, state)
             m = self.metrics
             m.inc(x.PREEMPTIONS, float(rng.poisson(state.preemptions_per_s / replicas * dt)))
             running = min(state.batch_cap, float(rng.poisson(state.batch))) if state.batch > 0 else 0.0
@@ -294,7 +299,7 @@ class PodEngine:
 
     # --- engine steps ----------------------------------------------------------------------
 
-    def _steps(self, dt: float, workload: Workload, state: SteadyState, k: int) -> None:
+    def _steps(self, dt: float, workload: Workload, state: SteadyState) -> None:
         rng, m = self.rng, self.metrics
         if state.batch <= 0 or state.step_time_s <= 0:
             return
@@ -303,15 +308,26 @@ class PodEngine:
             return
         accepted_total = 0
         if self.config.speculative:
-            m.inc(x.SPEC_DRAFTS, float(seq_steps) if k > 0 else 0.0)
-            m.inc(x.SPEC_DRAFT_TOKENS, float(seq_steps * k))
+            # Under a table the steps split across the Ks the batch visits; positions beyond
+            # a step's K are not drafted, so they count only the steps that reached them.
+            shares = state.step_shares()
+            if len(shares) == 1:
+                groups = [(shares[0][0], seq_steps)]
+            else:
+                counts = rng.multinomial(seq_steps, [share for _, share in shares])
+                groups = [(k, int(n)) for (k, _), n in zip(shares, counts)]
             alpha, decay = self._tick_alpha(state.alpha), self.params.acceptance_decay
-            survivors = seq_steps
-            for pos in range(k):
-                # P(accept pos | pos-1 accepted) = alpha * decay**pos.
-                survivors = int(rng.binomial(survivors, min(1.0, alpha * decay**pos)))
-                m.accepted_per_pos[pos] += survivors
-                accepted_total += survivors
+            for k, steps in groups:
+                if k <= 0 or steps <= 0:
+                    continue
+                m.inc(x.SPEC_DRAFTS, float(steps))
+                m.inc(x.SPEC_DRAFT_TOKENS, float(steps * k))
+                survivors = steps
+                for pos in range(k):
+                    # P(accept pos | pos-1 accepted) = alpha * decay**pos.
+                    survivors = int(rng.binomial(survivors, min(1.0, alpha * decay**pos)))
+                    m.accepted_per_pos[pos] += survivors
+                    accepted_total += survivors
             m.inc(x.SPEC_ACCEPTED_TOKENS, float(accepted_total))
         m.inc(x.GENERATION_TOKENS, float(seq_steps + accepted_total))
         self._bulk_observe(x.INTER_TOKEN_LATENCY, seq_steps, state.step_time_s, STEP_TIME_CV)
