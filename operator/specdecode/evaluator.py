@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import evaluation, instrumentation, metrics, policy
+from . import crashpoints, evaluation, instrumentation, metrics, policy
 from . import status as st
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
@@ -135,6 +135,7 @@ class Evaluator:
             self.kube.post_event(body, type_, reason, message, now)
         self._record(namespace, name, spec, decision, window)
         if result.rerender:
+            crashpoints.reach(crashpoints.DECISION_IN_STATUS)
             self.log.info("%s/%s: %s (%s)", namespace, name, decision.action.value, decision.reason)
             self.controller.reconcile(namespace, name)
         return decision

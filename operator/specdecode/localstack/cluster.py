@@ -48,6 +48,16 @@ DEFAULT_CLUSTER_NAME = "specdecode"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
+@dataclass(frozen=True)
+class StoppedComponent:
+    """How to start a stopped component again."""
+
+    component: str
+    command: list[str]
+    environ: dict[str, str]
+    cwd: str
+
+
 class ClusterError(RuntimeError):
     """The cluster could not be started, reused or stopped; the message says what to do."""
 
@@ -623,6 +633,30 @@ class LocalCluster:
                 if log.exists():
                     parts.append(f"--- {log} (last lines; {component} is not running)\n{_tail(log, 8)}")
         return "\n".join(parts)
+
+    # -- one component ---------------------------------------------------------------------
+
+    def stop_component(self, component: str) -> "StoppedComponent":
+        """Stop one component (an outage: `bench faults` stops the apiserver), remembering its
+        command line, environment and directory so that `start_component` brings it back."""
+        pid = self.component_pids().get(component)
+        if pid is None:
+            raise ClusterError(f"component {component!r} of cluster {self.name!r} is not running")
+        proc = Path("/proc") / str(pid)
+        command = [part.decode() for part in proc.joinpath("cmdline").read_bytes().split(b"\0") if part]
+        environ = dict(item.decode().split("=", 1) for item in proc.joinpath("environ").read_bytes().split(b"\0")
+                       if b"=" in item)
+        stopped = StoppedComponent(component, command, environ, os.readlink(proc / "cwd"))
+        terminate([pid])
+        return stopped
+
+    def start_component(self, stopped: "StoppedComponent") -> int:
+        """Start a component stopped by `stop_component` again, as kwokctl had started it."""
+        with open(self.log_dir / f"{stopped.component}.log", "ab") as log:
+            process = subprocess.Popen(stopped.command, cwd=stopped.cwd, env=stopped.environ, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        (self.workdir / "pids" / f"{stopped.component}.pid").write_text(str(process.pid))
+        return process.pid
 
     # -- down ----------------------------------------------------------------------------
 
