@@ -322,7 +322,8 @@ class Watcher:
                 self.history.observe(time.time(), services, list(deployments.values()), pods)
 
 
-def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progress: Progress) -> FaultFigures:
+def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progress: Progress,
+               keep: bool = False) -> FaultFigures:
     import yaml
     from kubernetes import client
 
@@ -340,12 +341,12 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
     restarted_prometheus = []
     watcher: Optional[Watcher] = None
     try:
-        cluster = stack.start_cluster(cluster_name, nodes=4, gpus_per_node=8, ready_delay="3s", recreate=True,
-                                      build_progress=False)
+        cluster = stack.start_cluster(cluster_name, nodes=4, gpus_per_node=8, ready_delay="3s", recreate=False,
+                                      keep=keep, build_progress=False)
         local = LocalCluster(cluster_name)
         operator_stack.use_existing_cluster(cluster.kubeconfig, kubectl=str(cluster.kubectl))
         k = stack.kubectl_command
-        kubectl(k, "create", "namespace", NAMESPACE)
+        live.fresh_namespace(k, NAMESPACE)
         prometheus = stack.start_prometheus(label="faults", scrape_interval_s=SCRAPE_S)
         scenario = workdir / "faults-churn.yaml"
         scenario.write_text(yaml.safe_dump(scenario_document(seed)))

@@ -130,11 +130,11 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
     try:
         nodes = max(4, math.ceil(services / 100) + 1)
         cluster = stack.start_cluster(cluster_name, nodes=nodes, gpus_per_node=110, ready_delay="2s",
-                                      recreate=True, keep=keep, build_progress=False)
+                                      recreate=False, keep=keep, build_progress=False)
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
         operator = stack.start_operator(prometheus_url=prometheus.url, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                         evaluation_tick_s=EVALUATION_TICK_S)
-        kubectl(stack.kubectl_command, "create", "namespace", NAMESPACE)
+        live.fresh_namespace(stack.kubectl_command, NAMESPACE)
         scenario = workdir / "fleet-steady.yaml"
         scenario.write_text(yaml.safe_dump(scenario_document()))
         stack.start_simulator(str(scenario), prometheus, label="fleet", namespaces=[NAMESPACE])

@@ -53,6 +53,14 @@ def draft_service(name: str, namespace: str, *, k: int, replicas: int, autotune:
             "spec": spec}
 
 
+def fresh_namespace(kubectl_command, namespace: str) -> None:
+    """The benchmark's namespace, empty (a kept cluster may hold an earlier run's)."""
+    from ..localstack.install import kubectl
+
+    kubectl(kubectl_command, "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=300)
+    kubectl(kubectl_command, "create", "namespace", namespace)
+
+
 # ------------------------------------------------------------------------------- processes
 
 

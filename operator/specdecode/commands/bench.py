@@ -68,6 +68,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--kills", type=int, default=None, metavar="N", help="operator SIGKILLs (default: 20; 4 with --quick)")
     q.add_argument("--seed", type=int, default=18, help="seed of the kill points and moments (default: %(default)s)")
     q.add_argument("--cluster-name", default="bench-faults", help="local control plane to (re)create (default: %(default)s)")
+    q.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
     q.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
     q.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
     q.set_defaults(func=run_bench_faults)
@@ -217,5 +218,5 @@ def run_bench_faults(args: argparse.Namespace) -> int:
               markup=False)
     with _stack_errors(workdir):
         figures = faults.run_faults(plan, seed=args.seed, workdir=workdir, cluster_name=args.cluster_name,
-                                    progress=lambda m: err.print(f"  {m}", markup=False))
+                                    keep=args.keep, progress=lambda m: err.print(f"  {m}", markup=False))
     return _report(args, "bench faults", figures, faults.fault_targets(figures))
