@@ -73,16 +73,26 @@ class Evaluator:
         # written only when it says something new (evaluation.status_write_needed), so the
         # stored observations may be older than the last evaluation's.
         self._memory: dict[tuple[str, str], tuple[Optional[api.Observations], str]] = {}
+        # When each service is due next, and the generation whose interval says so.
+        self._next_due: dict[tuple[str, str], tuple[float, Optional[int]]] = {}
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def evaluate_if_due(self, namespace: str, name: str) -> Optional[policy.Decision]:
+    def evaluate_if_due(self, namespace: str, name: str, generation: Optional[int] = None) -> Optional[policy.Decision]:
+        """Evaluate the service if its evaluationInterval has passed. `generation` (the
+        watched object's) lets a tick that is not due return without reading the service
+        from the API: the interval of the last evaluation holds while the spec is unchanged."""
         now = self.clock()
+        due_at = self._next_due.get((namespace, name))
+        if generation is not None and due_at is not None and due_at[1] == generation \
+                and now.timestamp() < due_at[0] - 1e-6:
+            return None
         with self.controller.lock_for(namespace, name):
             body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self._last_evaluated.pop((namespace, name), None)
                 self._memory.pop((namespace, name), None)
+                self._next_due.pop((namespace, name), None)
                 return None
             try:
                 spec = api.parse_spec(body.get("spec") or {})
@@ -91,6 +101,9 @@ class Evaluator:
             status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
             if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
                 instrumentation.forget_evaluation(namespace, name)
+                if spec.autotune.mode == api.AutotuneMode.OFF:  # nothing to do until the spec changes
+                    interval = api.parse_duration(spec.autotune.evaluation_interval)
+                    self._next_due[(namespace, name)] = (now.timestamp() + interval, body["metadata"].get("generation"))
                 return None
             if not self._due(namespace, name, spec, status, now):
                 return None
@@ -127,6 +140,8 @@ class Evaluator:
         result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
         self._last_evaluated[(namespace, name)] = now.timestamp()
         self._memory[(namespace, name)] = (result.status.observations, decision.rule)
+        interval = api.parse_duration(spec.autotune.evaluation_interval)
+        self._next_due[(namespace, name)] = (now.timestamp() + interval, meta.get("generation"))
 
         instrumentation.EVALUATIONS.labels(namespace, name).inc()
         if evaluation.status_write_needed(stored, result.status, rule_changed=bool(last_rule) and last_rule != decision.rule):

@@ -61,14 +61,16 @@ class FakeController:
 
 
 class FakeKube:
-    """Holds one SpecDecodeService and counts the writes the evaluator sends."""
+    """Holds one SpecDecodeService and counts the reads and writes the evaluator sends."""
 
     def __init__(self, body):
         self.body = body
+        self.gets = 0
         self.status_writes = 0
         self.events: list[tuple] = []
 
     def get(self, api_version, kind, name, namespace):
+        self.gets += 1
         return copy.deepcopy(self.body)
 
     def replace_status(self, obj, status):
@@ -269,3 +271,19 @@ def test_write_needed_ignores_numbers_in_messages_and_times():
     c = stored.model_copy(update={"conditions": st.set_condition(cond, "MetricsAvailable", False, "PrometheusUnreachable",
                                                                    "down", T0, 1)})
     assert evaluation.status_write_needed(a, c)
+
+
+def test_ticks_that_are_not_due_do_not_read_the_service():
+    body, best = _steady_service()
+    kube = FakeKube(body)
+    now = [T0]
+    ev = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0])
+    evaluated = 0
+    for tick in range(24):  # two minutes of 5 s ticks, evaluationInterval 30 s
+        now[0] = T0 + timedelta(seconds=5 * tick)
+        evaluated += ev.evaluate_if_due("ns", "llama", generation=1) is not None
+    assert evaluated == 4 and kube.gets == 4
+    # A new generation (the spec changed, maybe the interval) is read at once.
+    now[0] += timedelta(seconds=5)
+    ev.evaluate_if_due("ns", "llama", generation=2)
+    assert kube.gets == 5

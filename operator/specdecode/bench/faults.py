@@ -45,6 +45,7 @@ CYCLE_S = 80.0  # acceptance good for half a cycle, collapsed for the other half
 MID_ROLLOUT = "mid-rollout"
 RANDOM_MOMENT = "random-moment"
 KILL_POINTS = (crashpoints.DECISION_IN_STATUS, crashpoints.DEPLOYMENT_APPLIED, MID_ROLLOUT, RANDOM_MOMENT)
+TIMEOUT = 5.0  # seconds for each of the watcher's API calls (an apiserver going away must not hang it)
 WORKLOAD = {"prompt_tokens": 1000, "output_tokens": 300, "temperature": 0.0}
 
 Progress = Callable[[str], None]
@@ -299,12 +300,13 @@ class Watcher:
         self._thread.join(10)
 
     def snapshot(self) -> tuple[list[dict], dict[str, dict], dict[str, dict]]:
-        services = self.custom.list_namespaced_custom_object(C.GROUP, C.VERSION, NAMESPACE, C.PLURAL)["items"]
+        services = self.custom.list_namespaced_custom_object(C.GROUP, C.VERSION, NAMESPACE, C.PLURAL,
+                                                             _request_timeout=TIMEOUT)["items"]
         client = self.apps.api_client
         deployments = {d["metadata"]["name"]: d for d in client.sanitize_for_serialization(
-            self.apps.list_namespaced_deployment(NAMESPACE).items)}
+            self.apps.list_namespaced_deployment(NAMESPACE, _request_timeout=TIMEOUT).items)}
         svcs = {s["metadata"]["name"]: s for s in client.sanitize_for_serialization(
-            self.core.list_namespaced_service(NAMESPACE).items)}
+            self.core.list_namespaced_service(NAMESPACE, _request_timeout=TIMEOUT).items)}
         return services, deployments, svcs
 
     def _run(self) -> None:
@@ -315,7 +317,8 @@ class Watcher:
             try:
                 services, deployments, _ = self.snapshot()
                 pods = self.apps.api_client.sanitize_for_serialization(self.core.list_namespaced_pod(
-                    NAMESPACE, label_selector=f"{C.LABEL_MANAGED_BY}={C.LABEL_MANAGED_BY_VALUE}").items)
+                    NAMESPACE, label_selector=f"{C.LABEL_MANAGED_BY}={C.LABEL_MANAGED_BY_VALUE}",
+                    _request_timeout=TIMEOUT).items)
             except (ApiException, HTTPError, OSError):
                 continue  # the apiserver is down: nothing to see
             with self.lock:
@@ -379,11 +382,13 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
                     return f"{name}: {why}"
             return None
 
-        def wait_converged(timeout_s: float, need_metrics: bool = False) -> tuple[Optional[float], str]:
+        def wait_converged(timeout_s: float, need_metrics: bool = False,
+                           since: Optional[float] = None) -> tuple[Optional[float], str]:
+            """Seconds from `since` (monotonic; default now) until every service converged."""
             from kubernetes.client.exceptions import ApiException
             from urllib3.exceptions import HTTPError
 
-            t0 = time.monotonic()
+            t0 = time.monotonic() if since is None else since
             why = ""
             while time.monotonic() - t0 < timeout_s:
                 try:
@@ -428,9 +433,11 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
             if not died:
                 operator.managed.process.kill()
                 operator.managed.process.wait(30)
-            reached[point if detail == point else "not reached"] = reached.get(point if detail == point else "not reached", 0) + 1
+            killed_at = time.monotonic()
+            where = point if detail == point else "not reached"
+            reached[where] = reached.get(where, 0) + 1
             operator = start_operator()
-            record("operator SIGKILL", detail, wait_converged(plan.converge_timeout_s))
+            record("operator SIGKILL", detail, wait_converged(plan.converge_timeout_s, since=killed_at))
 
         # 2. The apiserver goes away and comes back.
         progress(f"stopping the kube-apiserver for {plan.apiserver_down_s:.0f} s")
