@@ -340,6 +340,7 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
     rng = random.Random(seed)
     started = time.monotonic()
     stack = Stack(workdir, progress=progress)
+    (workdir / "operator").mkdir(parents=True, exist_ok=True)
     operator_stack = Stack(workdir / "operator", progress=progress)
     restarted_prometheus = []
     watcher: Optional[Watcher] = None

@@ -23,7 +23,7 @@ from .. import constants as C
 from .live import Target
 
 NAMESPACE = "specdecode-fleet"
-SCRAPE_S = 5.0
+SCRAPE_S = 10.0
 EVALUATION_TICK_S = 5.0
 RECONCILE_INTERVAL_S = 60.0
 EVALUATION_INTERVAL = "30s"
@@ -162,6 +162,9 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
                 break
             time.sleep(2.0)
 
+        settle_s = 70.0  # the window (60 s) and the warm-up (10 s) once more: first full windows, rules settled
+        progress(f"every service measured; {settle_s:.0f} s for the first full windows")
+        time.sleep(settle_s)
         progress(f"measuring a steady stretch of {measure_s:.0f} s")
         audit = live.AuditLog(cluster.audit_log)
         pid = operator.managed.process.pid
