@@ -184,7 +184,6 @@ def _same_advice(a: api.Recommendation, b: api.Recommendation) -> bool:
 # below these the stored numbers still tell a user (and a restarted operator's policy) the same.
 ALPHA_WRITE_DELTA = 0.02
 ACCEPTANCE_RATE_WRITE_DELTA = 0.05
-LATENCY_WRITE_RATIO = 0.2
 
 
 def status_write_needed(stored: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus,
@@ -195,7 +194,7 @@ def status_write_needed(stored: api.SpecDecodeServiceStatus, new: api.SpecDecode
     status or reason, a new config's first observations, and acceptance or latency that moved
     materially (the policy's memory after a restart: `policy_state` reads observations.alpha
     and recentLowAlpha). Not written: evaluation times, numbers in condition messages and in
-    the reason of unchanged advice, measurement noise. A steady service costs no API writes.
+    the reason of unchanged advice, latency percentiles, measurement noise. A steady service costs no API writes.
     """
     if _material(stored, rule_changed) != _material(new, rule_changed):
         return True
@@ -226,10 +225,7 @@ def observations_moved(stored: Optional[api.Observations], new: Optional[api.Obs
         a, b = getattr(stored, field_name), getattr(new, field_name)
         if (a is None) != (b is None) or (a is not None and abs(a - b) >= delta):
             return True
-    for field_name in ("p95_end_to_end_seconds", "p95_time_per_output_token_seconds"):
-        a, b = getattr(stored, field_name), getattr(new, field_name)
-        if (a is None) != (b is None):
-            return True
-        if a is not None and abs(a - b) > LATENCY_WRITE_RATIO * max(abs(a), abs(b), 1e-9):
-            return True
+    # Latency is not among them: P95 from histogram buckets jumps by a bucket from one window
+    # to the next with no change in the service, and no decision reads it back from status
+    # (an SLO breach shows as a decision and in SpeculationEffective).
     return False

@@ -440,11 +440,15 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
             operator = start_operator()
             record("operator SIGKILL", detail, wait_converged(plan.converge_timeout_s, since=killed_at))
 
-        # 2. The apiserver goes away and comes back.
+        # 2. The apiserver goes away and comes back. kube-controller-manager and the scheduler
+        # exit when they lose their leader lease meanwhile; a kubelet would restart them.
         progress(f"stopping the kube-apiserver for {plan.apiserver_down_s:.0f} s")
+        supervised = [local.component_command(c) for c in ("kube-controller-manager", "kube-scheduler")]
         stopped = local.stop_component("kube-apiserver")
         time.sleep(plan.apiserver_down_s)
         local.start_component(stopped)
+        supervisor = threading.Thread(target=_restart_when_dead, args=(local, supervised, 60.0), daemon=True)
+        supervisor.start()
         record("kube-apiserver restart", f"down {plan.apiserver_down_s:.0f} s", wait_converged(plan.converge_timeout_s))
         if not operator.managed.alive():
             exits += 1
@@ -530,6 +534,17 @@ def _epoch(text: Optional[str]) -> float:
     from ..status import parse_rfc3339
 
     return parse_rfc3339(text).timestamp() if text else 0.0
+
+
+def _restart_when_dead(local, components: list, watch_s: float) -> None:
+    """What a kubelet does for static pods: start a component again when it exited."""
+    deadline = time.monotonic() + watch_s
+    while time.monotonic() < deadline:
+        pids = local.component_pids()
+        for component in components:
+            if pids.get(component.component) is None:
+                local.start_component(component)
+        time.sleep(1.0)
 
 
 def _wait_exit(process, timeout_s: float) -> bool:

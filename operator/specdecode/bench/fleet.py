@@ -128,8 +128,8 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
 
     stack = Stack(workdir, progress=progress)
     try:
-        nodes = max(4, math.ceil(services / 100) + 1)
-        cluster = stack.start_cluster(cluster_name, nodes=nodes, gpus_per_node=110, ready_delay="2s",
+        nodes = max(4, math.ceil(services / 64) + 1)  # a node has 64 GPUs at most
+        cluster = stack.start_cluster(cluster_name, nodes=nodes, gpus_per_node=64, ready_delay="2s",
                                       recreate=False, keep=keep, build_progress=False)
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
         operator = stack.start_operator(prometheus_url=prometheus.url, reconcile_interval_s=RECONCILE_INTERVAL_S,

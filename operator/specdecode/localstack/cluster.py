@@ -636,9 +636,9 @@ class LocalCluster:
 
     # -- one component ---------------------------------------------------------------------
 
-    def stop_component(self, component: str) -> "StoppedComponent":
-        """Stop one component (an outage: `bench faults` stops the apiserver), remembering its
-        command line, environment and directory so that `start_component` brings it back."""
+    def component_command(self, component: str) -> "StoppedComponent":
+        """How a running component was started (command line, environment, directory), so that
+        `start_component` can start it again after it stopped."""
         pid = self.component_pids().get(component)
         if pid is None:
             raise ClusterError(f"component {component!r} of cluster {self.name!r} is not running")
@@ -646,8 +646,13 @@ class LocalCluster:
         command = [part.decode() for part in proc.joinpath("cmdline").read_bytes().split(b"\0") if part]
         environ = dict(item.decode().split("=", 1) for item in proc.joinpath("environ").read_bytes().split(b"\0")
                        if b"=" in item)
-        stopped = StoppedComponent(component, command, environ, os.readlink(proc / "cwd"))
-        terminate([pid])
+        return StoppedComponent(component, command, environ, os.readlink(proc / "cwd"))
+
+    def stop_component(self, component: str) -> "StoppedComponent":
+        """Stop one component (an outage: `bench faults` stops the apiserver); the answer
+        starts it again (`start_component`)."""
+        stopped = self.component_command(component)
+        terminate([self.component_pids()[component]])
         return stopped
 
     def start_component(self, stopped: "StoppedComponent") -> int:
