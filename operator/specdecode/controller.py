@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import fallback, failures, instrumentation, preflight, render
+from . import crashpoints, fallback, failures, instrumentation, preflight, render
 from . import status as st
 from .kube import Kube, foreign_drift
 
@@ -95,6 +95,8 @@ class Controller:
 
         spec = service.spec
         deployment, applied, apply_error = self._apply_children(objects, service)
+        if "Deployment" in applied:
+            crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
         config = render.config_hash(spec, choice)
         outcome = st.ReconcileOutcome(
             apply_error=apply_error,

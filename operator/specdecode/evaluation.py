@@ -139,7 +139,9 @@ def apply_decision(
 
     recommendation = api.Recommendation.model_validate(decision.recommendation_status(epoch))
     if status.recommendation is not None and _same_advice(status.recommendation, recommendation):
-        recommendation = status.recommendation  # unchanged advice: keep its time, write nothing
+        # Unchanged advice keeps the time it was first given (fresh reason and numbers ride
+        # along whenever something else makes the status worth a write).
+        recommendation = recommendation.model_copy(update={"at": status.recommendation.at})
 
     history = list(status.history)
     events: list[tuple[str, str, str]] = []
@@ -179,4 +181,56 @@ def apply_decision(
 
 
 def _same_advice(a: api.Recommendation, b: api.Recommendation) -> bool:
-    return (a.action, a.enabled, a.k, a.reason) == (b.action, b.enabled, b.k, b.reason)
+    """The same advice (what to run), whatever numbers its reason quotes today."""
+    return (a.action, a.enabled, a.k) == (b.action, b.enabled, b.k)
+
+
+# How far a new measurement must move from the stored one before it is worth an API write:
+# below these the stored numbers still tell a user (and a restarted operator's policy) the same.
+ALPHA_WRITE_DELTA = 0.02
+ACCEPTANCE_RATE_WRITE_DELTA = 0.05
+
+
+def status_write_needed(stored: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus,
+                        rule_changed: bool = False) -> bool:
+    """Whether an evaluation's new status says something the stored one does not.
+
+    Written: any change of effective speculation, history, advice (action, K), a condition's
+    status or reason, a new config's first observations, and acceptance or latency that moved
+    materially (the policy's memory after a restart: `policy_state` reads observations.alpha
+    and recentLowAlpha). Not written: evaluation times, numbers in condition messages and in
+    the reason of unchanged advice, latency percentiles, measurement noise. A steady service costs no API writes.
+    """
+    if _material(stored, rule_changed) != _material(new, rule_changed):
+        return True
+    return observations_moved(stored.observations, new.observations)
+
+
+def _material(status: api.SpecDecodeServiceStatus, rule_changed: bool) -> dict:
+    wire = status.to_wire()
+    wire.pop("observations", None)
+    wire["conditions"] = [
+        (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+        for c in wire.get("conditions") or []
+    ]
+    advice = wire.get("recommendation")
+    if advice is not None and not rule_changed:
+        wire["recommendation"] = {k: v for k, v in advice.items() if k not in ("reason", "predictedSpeedup")}
+    return wire
+
+
+def observations_moved(stored: Optional[api.Observations], new: Optional[api.Observations]) -> bool:
+    """A new measurement worth storing: the first of a config, or one that moved materially."""
+    if new is None or stored is new:
+        return False
+    if stored is None or stored.config_hash != new.config_hash or stored.metric_names != new.metric_names:
+        return True
+    for field_name, delta in (("alpha", ALPHA_WRITE_DELTA), ("recent_low_alpha", ALPHA_WRITE_DELTA),
+                              ("acceptance_rate", ACCEPTANCE_RATE_WRITE_DELTA)):
+        a, b = getattr(stored, field_name), getattr(new, field_name)
+        if (a is None) != (b is None) or (a is not None and abs(a - b) >= delta):
+            return True
+    # Latency is not among them: P95 from histogram buckets jumps by a bucket from one window
+    # to the next with no change in the service, and no decision reads it back from status
+    # (an SLO breach shows as a decision and in SpeculationEffective).
+    return False

@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Callable, Optional
 
@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import evaluation, instrumentation, metrics, policy
+from . import crashpoints, evaluation, instrumentation, metrics, policy
 from . import status as st
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
@@ -38,6 +38,15 @@ class _CachedRead:
     at: float
     scopes: frozenset[metrics.QueryScope]
     result: metrics.ReadResult
+
+
+@dataclass
+class _Flight:
+    """A read in progress: callers that need what it covers wait for it instead of reading."""
+
+    scopes: frozenset[metrics.QueryScope]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[metrics.ReadResult] = None
 
 
 class Evaluator:
@@ -57,16 +66,32 @@ class Evaluator:
         self.log = logging.getLogger("specdecode.evaluator")
         self._reads: dict[tuple, _CachedRead] = {}
         self._reads_lock = threading.Lock()
+        self._flights: dict[tuple, _Flight] = {}
         self._last_evaluated: dict[tuple[str, str], float] = {}
+        # What the last evaluation measured and which rule decided, kept in memory: status is
+        # written only when it says something new (evaluation.status_write_needed), so the
+        # stored observations may be older than the last evaluation's.
+        self._memory: dict[tuple[str, str], tuple[Optional[api.Observations], str]] = {}
+        # When each service is due next, and the generation whose interval says so.
+        self._next_due: dict[tuple[str, str], tuple[float, Optional[int]]] = {}
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def evaluate_if_due(self, namespace: str, name: str) -> Optional[policy.Decision]:
+    def evaluate_if_due(self, namespace: str, name: str, generation: Optional[int] = None) -> Optional[policy.Decision]:
+        """Evaluate the service if its evaluationInterval has passed. `generation` (the
+        watched object's) lets a tick that is not due return without reading the service
+        from the API: the interval of the last evaluation holds while the spec is unchanged."""
         now = self.clock()
+        due_at = self._next_due.get((namespace, name))
+        if generation is not None and due_at is not None and due_at[1] == generation \
+                and now.timestamp() < due_at[0] - 1e-6:
+            return None
         with self.controller.lock_for(namespace, name):
             body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self._last_evaluated.pop((namespace, name), None)
+                self._memory.pop((namespace, name), None)
+                self._next_due.pop((namespace, name), None)
                 return None
             try:
                 spec = api.parse_spec(body.get("spec") or {})
@@ -75,6 +100,9 @@ class Evaluator:
             status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
             if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
                 instrumentation.forget_evaluation(namespace, name)
+                if spec.autotune.mode == api.AutotuneMode.OFF:  # nothing to do until the spec changes
+                    interval = api.parse_duration(spec.autotune.evaluation_interval)
+                    self._next_due[(namespace, name)] = (now.timestamp() + interval, body["metadata"].get("generation"))
                 return None
             if not self._due(namespace, name, spec, status, now):
                 return None
@@ -84,15 +112,22 @@ class Evaluator:
              status: api.SpecDecodeServiceStatus, now: datetime) -> bool:
         interval = api.parse_duration(spec.autotune.evaluation_interval)
         last = self._last_evaluated.get((namespace, name))
-        if last is None and status.recommendation and status.recommendation.at:
-            # After a restart: the last evaluation recorded in status.
-            last = st.parse_rfc3339(status.recommendation.at).timestamp()
+        if last is None:
+            # After a restart: the last evaluation that status recorded (status is written
+            # only when it changes, so this may be older: one early evaluation, no harm).
+            times = [t for t in (status.recommendation.at if status.recommendation else None,
+                                 status.observations.observed_at if status.observations else None) if t]
+            last = max(st.parse_rfc3339(t).timestamp() for t in times) if times else None
         return last is None or now.timestamp() - last >= interval - 1e-6
 
     def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec,
                   status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        stored = status
+        remembered_obs, last_rule = self._memory.get((namespace, name), (status.observations, ""))
+        if remembered_obs is not None:
+            status = status.model_copy(update={"observations": remembered_obs})
         settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
@@ -107,14 +142,19 @@ class Evaluator:
         decision = policy.decide(settings, state, observed, history, now.timestamp())
         result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
         self._last_evaluated[(namespace, name)] = now.timestamp()
+        self._memory[(namespace, name)] = (result.status.observations, decision.rule)
+        interval = api.parse_duration(spec.autotune.evaluation_interval)
+        self._next_due[(namespace, name)] = (now.timestamp() + interval, meta.get("generation"))
 
         self._log_metric_names(namespace, name, status, result.status)
-        if result.status.to_wire() != status.to_wire():
+        instrumentation.EVALUATIONS.labels(namespace, name).inc()
+        if evaluation.status_write_needed(stored, result.status, rule_changed=bool(last_rule) and last_rule != decision.rule):
             self.kube.replace_status(body, result.status.to_wire())
         for type_, reason, message in result.events:
             self.kube.post_event(body, type_, reason, message, now)
         self._record(namespace, name, spec, decision, window)
         if result.rerender:
+            crashpoints.reach(crashpoints.DECISION_IN_STATUS)
             self.log.info("%s/%s: %s (%s)", namespace, name, decision.action.value, decision.reason)
             self.controller.reconcile(namespace, name)
         return decision
@@ -145,20 +185,38 @@ class Evaluator:
     # ------------------------------------------------------------------------------ reading
 
     def _read(self, access: metrics.PrometheusAccess, scopes: tuple[metrics.QueryScope, ...], at: float) -> metrics.ReadResult:
-        """One read per Prometheus and tick covering every scope seen so far."""
+        """One read per Prometheus and tick covering every scope seen so far (single-flight:
+        callers that miss while a read is in flight wait for it instead of starting their own)."""
         key = _access_key(access)
         wanted = frozenset(scopes)
-        with self._reads_lock:
-            cached = self._reads.get(key)
-            if cached and at - cached.at < self.settings.evaluation_tick and wanted <= cached.scopes:
-                return cached.result
-            covered = wanted | (cached.scopes if cached else frozenset())
-        result = self.reader_factory(access).read(covered, at)
-        if isinstance(result, metrics.MetricsUnavailable):
-            instrumentation.ERRORS.labels("metrics").inc()
-        with self._reads_lock:
-            self._reads[key] = _CachedRead(at, covered, result)
-        return result
+        while True:
+            with self._reads_lock:
+                cached = self._reads.get(key)
+                if cached and at - cached.at < self.settings.evaluation_tick and wanted <= cached.scopes:
+                    return cached.result
+                flight = self._flights.get(key)
+                if flight is None:
+                    covered = wanted | (cached.scopes if cached else frozenset())
+                    flight = self._flights[key] = _Flight(covered)
+                    break  # this caller reads
+            flight.done.wait()
+            if flight.result is not None and wanted <= flight.scopes:
+                return flight.result
+            # The read failed or did not cover this caller's scopes: look again.
+        result: Optional[metrics.ReadResult] = None
+        try:
+            instrumentation.PROMETHEUS_READS.inc()
+            result = self.reader_factory(access).read(flight.scopes, at)
+            if isinstance(result, metrics.MetricsUnavailable):
+                instrumentation.ERRORS.labels("metrics").inc()
+            return result
+        finally:
+            with self._reads_lock:
+                if result is not None:
+                    self._reads[key] = _CachedRead(at, flight.scopes, result)
+                del self._flights[key]
+            flight.result = result
+            flight.done.set()
 
     def _access_for(
         self, spec: api.SpecDecodeServiceSpec, namespace: str, at: float

@@ -86,11 +86,11 @@ def sds_timer(namespace: str, name: str, **_: Any) -> None:
 
 
 @kopf.timer(*RESOURCE, interval=SETTINGS.evaluation_tick, initial_delay=SETTINGS.evaluation_tick)
-def sds_evaluate(namespace: str, name: str, **_: Any) -> None:
+def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, **_: Any) -> None:
     """Let the policy decide when the service's evaluationInterval has passed (one batched
     Prometheus read per tick serves every service)."""
     try:
-        evaluator().evaluate_if_due(namespace, name)
+        evaluator().evaluate_if_due(namespace, name, generation=meta.get("generation"))
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
 

@@ -21,6 +21,13 @@ ERRORS = Counter("specdecode_errors_total", "Errors by stage (reconcile, apply, 
 API_WRITES = Counter(
     "specdecode_api_writes_total", "Write requests sent to the Kubernetes API, by verb and kind.", ["verb", "kind"]
 )
+PROMETHEUS_READS = Counter(
+    "specdecode_prometheus_reads_total",
+    "Batched Prometheus reads (one plan of queries for every service), single-flight per Prometheus and tick.",
+)
+EVALUATIONS = Counter(
+    "specdecode_evaluations_total", "Evaluations of a service by the control loop (holds included).", SERVICE_LABELS
+)
 DECISIONS = Counter(
     "specdecode_decisions_total",
     "Decisions that change speculation (set_k, disable, enable; fallback when pods cannot start), by service, action and mode.",
@@ -83,13 +90,14 @@ def forget_service(namespace: str, service: str) -> None:
     counts so deleted services do not add up."""
     for gauge in PER_SERVICE:
         _remove(gauge, namespace, service)
+    _remove(EVALUATIONS, namespace, service)
     with DECISIONS._lock:
         counted = [key for key in DECISIONS._metrics if key[:2] == (namespace, service)]
     for key in counted:
         DECISIONS.remove(*key)
 
 
-def _remove(gauge: Gauge, namespace: str, service: str) -> None:
+def _remove(gauge: Gauge | Counter, namespace: str, service: str) -> None:
     try:
         gauge.remove(namespace, service)
     except KeyError:

@@ -129,7 +129,7 @@ def test_good_draft_settles_on_the_models_best_k(cluster, kube_api, operator, na
         # Settled: the next evaluations hold.
         changes = len(st["history"])
         wait_live(kube_api, namespace)
-        settled = wait_evaluations(kube_api, namespace, 3, 3 * EVALUATION_S + 60)
+        settled = wait_evaluations(kube_api, operator, namespace, 3, 3 * EVALUATION_S + 60)
         assert len(settled["history"]) == changes, settled["history"]
         assert speculation(settled) == (True, best)
 
@@ -204,16 +204,14 @@ def test_load_surge_reduces_speculation_and_calm_restores_it(cluster, kube_api, 
         print("after the calm:", speculation(back), back["history"][-1]["reason"])
 
 
-def wait_evaluations(kube_api, namespace: str, count: int, timeout: float) -> dict:
-    """Wait until `count` more evaluations observed the service (each stamps observedAt)."""
-    seen: set[str] = set()
+def wait_evaluations(kube_api, operator, namespace: str, count: int, timeout: float) -> dict:
+    """Wait until `count` more evaluations of the service ran (the operator counts them in
+    specdecode_evaluations_total; status is written only when an evaluation changes it)."""
+    def done() -> float:
+        return operator.total("specdecode_evaluations_total", namespace=namespace, specdecode_service="llama")
 
-    def enough():
-        st = status(kube_api, namespace)
-        seen.add((st.get("observations") or {}).get("observedAt", ""))
-        return len(seen - {""}) >= count and st
-
-    return poll_until(enough, timeout, f"{count} evaluations")
+    start = done()
+    return poll_until(lambda: done() >= start + count and status(kube_api, namespace), timeout, f"{count} evaluations")
 
 
 def test_noisy_steady_service_holds_and_rides_out_a_metrics_outage(cluster, kube_api, operator, namespace, tmp_path):
@@ -226,7 +224,7 @@ def test_noisy_steady_service_holds_and_rides_out_a_metrics_outage(cluster, kube
                    or "best" in (status(kube_api, namespace).get("recommendation") or {}).get("reason", ""),
                    90, "evaluations on full windows")
         # A stationary noisy stretch: a dozen evaluations, not one change.
-        steady = wait_evaluations(kube_api, namespace, 12, 12 * EVALUATION_S + 60)
+        steady = wait_evaluations(kube_api, operator, namespace, 12, 12 * EVALUATION_S + 60)
         assert steady.get("history", []) == [], steady["history"]
         assert speculation(steady) == (True, 3)
 

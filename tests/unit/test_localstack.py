@@ -276,9 +276,12 @@ def test_kwokctl_configuration_uses_local_binaries_on_loopback(tmp_path):
     assert (options["kubeApiserverPort"], options["etcdPort"], options["etcdPeerPort"]) == (6443, 2379, 2380)
     assert (options["kwokControllerPort"], options["kubeControllerManagerPort"],
             options["kubeSchedulerPort"]) == (10247, 10257, 10259)
-    (patch,) = config["componentsPatches"]
-    assert patch == {"name": "kube-controller-manager",
-                     "extraArgs": [{"key": "use-service-account-credentials", "value": "true"}]}
+    apiserver, controllers = config["componentsPatches"]
+    assert controllers == {"name": "kube-controller-manager",
+                           "extraArgs": [{"key": "use-service-account-credentials", "value": "true"}]}
+    # Room for the Services of a 500-service fleet (the default /24 holds about 250).
+    assert apiserver == {"name": "kube-apiserver",
+                         "extraArgs": [{"key": "service-cluster-ip-range", "value": "10.96.0.0/16"}]}
     # Every binary option must point at a local file, never at a download URL.
     assert not any(str(value).startswith("http") for value in options.values())
 

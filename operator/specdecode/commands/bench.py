@@ -1,8 +1,10 @@
-"""`specdecode bench policy`: the policy against static choices and the phase oracle."""
+"""`specdecode bench policy`: the policy against static choices and the phase oracle;
+`bench fleet` and `bench faults`: the operator's cost and reliability on the local stack."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -33,6 +35,44 @@ def _bench(sub: argparse._SubParsersAction) -> None:
                    help="scenarios run in parallel (default: the number of CPUs)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.set_defaults(func=run_bench_policy)
+
+    f = bench_sub.add_parser(
+        "fleet",
+        help="what N services cost the operator on the local stack (time to Serving, RSS, CPU, queries, writes)",
+        description="Starts a local control plane, Prometheus, the simulator and the operator; applies N "
+        "services at once; measures the time until every one is Serving, then a steady stretch: operator "
+        "RSS and CPU, Prometheus queries per evaluation tick and per minute, API writes per minute from the "
+        "apiserver's audit log against the decisions made. Prints each target as holds / falls short.",
+    )
+    f.add_argument("--services", type=int, default=50, metavar="N", help="services to apply (default: %(default)s)")
+    f.add_argument("--measure", default="3m", metavar="TIME", help="length of the steady stretch (default: %(default)s)")
+    f.add_argument("--serve-timeout", default="5m", metavar="TIME",
+                   help="give up waiting for every service to be Serving after this (default: %(default)s)")
+    f.add_argument("--cluster-name", default="bench-fleet", help="local control plane to (re)create (default: %(default)s)")
+    f.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
+    f.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
+    f.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
+    f.set_defaults(func=run_bench_fleet)
+
+    q = bench_sub.add_parser(
+        "faults",
+        help="the operator under faults on the local stack: kills, outages, drift; figures and targets",
+        description="Starts a local control plane, Prometheus, the simulator (a scenario that keeps the policy "
+        "deciding) and the operator with 3 services; SIGKILLs the operator at seeded points (a decision in "
+        "status but not in the Deployment, the Deployment changed but not status, mid-rollout, a random "
+        "moment), stops the apiserver and Prometheus, deletes and edits owned objects. Reports decisions lost "
+        "and duplicated, extra vLLM pod starts, time to converge after each fault, changes while metrics were "
+        "missing; each target as holds / falls short. Exit code 1 when a target falls short.",
+    )
+    q.add_argument("--quick", action="store_true",
+                   help="each kill point once and short outages (about 10 minutes; what CI runs)")
+    q.add_argument("--kills", type=int, default=None, metavar="N", help="operator SIGKILLs (default: 20; 4 with --quick)")
+    q.add_argument("--seed", type=int, default=18, help="seed of the kill points and moments (default: %(default)s)")
+    q.add_argument("--cluster-name", default="bench-faults", help="local control plane to (re)create (default: %(default)s)")
+    q.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
+    q.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
+    q.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
+    q.set_defaults(func=run_bench_faults)
 
 
 def run_bench_policy(args: argparse.Namespace) -> int:
@@ -90,3 +130,94 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         report.render_table(results, summary, console)
         console.print(f"wrote {len(written)} files to {out}/")
     return 0
+
+
+def _duration_arg(flag: str, text: str) -> float:
+    from ..scenario import ScenarioError, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except (ScenarioError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:
+        raise UserError(f"{flag} {text}: not a positive duration; use e.g. 3m or 90s")
+    return seconds
+
+
+def _workdir(path: str | None, prefix: str) -> Path:
+    import tempfile
+
+    if path:
+        out = Path(path).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@contextlib.contextmanager
+def _stack_errors(workdir: Path):
+    """A part of the local stack that fails to start is one line naming it, not a traceback."""
+    from ..localstack.build import BuildError
+    from ..localstack.cluster import ClusterError
+    from ..localstack.install import InstallError
+    from ..localstack.prometheus import PrometheusError
+    from ..localstack.stack import StackError
+
+    try:
+        yield
+    except (BuildError, ClusterError, InstallError, PrometheusError, StackError) as err:
+        raise UserError(f"the local stack failed: {err} (logs in {workdir})") from None
+
+
+def _report(args: argparse.Namespace, title: str, figures, targets) -> int:
+    from rich.console import Console
+
+    from ..bench import live
+
+    if args.json:
+        json.dump({"figures": figures.to_json(), "targets": [t.to_json() for t in targets]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)
+        live.render_targets(console, title, figures.rows(), targets)
+    return 0 if all(t.holds for t in targets) else 1
+
+
+def run_bench_fleet(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..bench import fleet
+
+    if args.services < 1:
+        raise UserError("--services must be at least 1")
+    measure_s = _duration_arg("--measure", args.measure)
+    serve_timeout_s = _duration_arg("--serve-timeout", args.serve_timeout)
+    workdir = _workdir(args.workdir, "specdecode-bench-fleet-")
+    err = Console(stderr=True)
+    err.print(f"bench fleet: {args.services} services; logs in {workdir}", markup=False)
+    with _stack_errors(workdir):
+        figures = fleet.run_fleet(args.services, workdir=workdir, cluster_name=args.cluster_name,
+                                  measure_s=measure_s, serve_timeout_s=serve_timeout_s, keep=args.keep,
+                                  progress=lambda m: err.print(f"  {m}", markup=False))
+    return _report(args, f"bench fleet: {args.services} services", figures, fleet.fleet_targets(figures))
+
+
+def run_bench_faults(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..bench import faults
+
+    if args.kills is not None and args.kills < 0:
+        raise UserError("--kills must be 0 or more")
+    plan = faults.Plan.of(args.seed, args.quick, args.kills)
+    workdir = _workdir(args.workdir, "specdecode-bench-faults-")
+    err = Console(stderr=True)
+    err.print(f"bench faults{' --quick' if args.quick else ''}: {len(plan.kills)} kills, apiserver down "
+              f"{plan.apiserver_down_s:.0f} s, Prometheus down {plan.prometheus_down_s:.0f} s; logs in {workdir}",
+              markup=False)
+    with _stack_errors(workdir):
+        figures = faults.run_faults(plan, seed=args.seed, workdir=workdir, cluster_name=args.cluster_name,
+                                    keep=args.keep, progress=lambda m: err.print(f"  {m}", markup=False))
+    return _report(args, "bench faults", figures, faults.fault_targets(figures))

@@ -48,6 +48,16 @@ DEFAULT_CLUSTER_NAME = "specdecode"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
+@dataclass(frozen=True)
+class StoppedComponent:
+    """How to start a stopped component again."""
+
+    component: str
+    command: list[str]
+    environ: dict[str, str]
+    cwd: str
+
+
 class ClusterError(RuntimeError):
     """The cluster could not be started, reused or stopped; the message says what to do."""
 
@@ -623,6 +633,35 @@ class LocalCluster:
                 if log.exists():
                     parts.append(f"--- {log} (last lines; {component} is not running)\n{_tail(log, 8)}")
         return "\n".join(parts)
+
+    # -- one component ---------------------------------------------------------------------
+
+    def component_command(self, component: str) -> "StoppedComponent":
+        """How a running component was started (command line, environment, directory), so that
+        `start_component` can start it again after it stopped."""
+        pid = self.component_pids().get(component)
+        if pid is None:
+            raise ClusterError(f"component {component!r} of cluster {self.name!r} is not running")
+        proc = Path("/proc") / str(pid)
+        command = [part.decode() for part in proc.joinpath("cmdline").read_bytes().split(b"\0") if part]
+        environ = dict(item.decode().split("=", 1) for item in proc.joinpath("environ").read_bytes().split(b"\0")
+                       if b"=" in item)
+        return StoppedComponent(component, command, environ, os.readlink(proc / "cwd"))
+
+    def stop_component(self, component: str) -> "StoppedComponent":
+        """Stop one component (an outage: `bench faults` stops the apiserver); the answer
+        starts it again (`start_component`)."""
+        stopped = self.component_command(component)
+        terminate([self.component_pids()[component]])
+        return stopped
+
+    def start_component(self, stopped: "StoppedComponent") -> int:
+        """Start a component stopped by `stop_component` again, as kwokctl had started it."""
+        with open(self.log_dir / f"{stopped.component}.log", "ab") as log:
+            process = subprocess.Popen(stopped.command, cwd=stopped.cwd, env=stopped.environ, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        (self.workdir / "pids" / f"{stopped.component}.pid").write_text(str(process.pid))
+        return process.pid
 
     # -- down ----------------------------------------------------------------------------
 

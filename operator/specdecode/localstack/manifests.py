@@ -184,6 +184,11 @@ def kwokctl_configuration(binaries: Binaries, audit_policy_path: Path, ports: Po
         "kind": "KwokctlConfiguration",
         "options": options,
         "componentsPatches": [{
+            # The apiserver's default Service range is a /24: 250 Services fill it (`bench
+            # fleet` runs 500 services, each with its Service).
+            "name": "kube-apiserver",
+            "extraArgs": [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR}],
+        }, {
             "name": "kube-controller-manager",
             # Each controller acts as its own ServiceAccount (system:serviceaccount:kube-system:
             # deployment-controller, ...), as on kubeadm clusters, instead of all of them as
@@ -192,6 +197,8 @@ def kwokctl_configuration(binaries: Binaries, audit_policy_path: Path, ports: Po
         }],
     }
 
+
+SERVICE_CIDR = "10.96.0.0/16"
 
 # --------------------------------------------------------------------------------------------
 # Pod stages

@@ -145,8 +145,10 @@ class Stack:
     # ----------------------------------------------------------------------------- operator
 
     def start_operator(self, *, prometheus_url: str, reconcile_interval_s: float = 10.0,
-                       evaluation_tick_s: float = 2.0, extra_args: Sequence[str] = ()) -> OperatorProcess:
-        """Install the prerequisites, then run the operator under its ServiceAccount."""
+                       evaluation_tick_s: float = 2.0, extra_args: Sequence[str] = (),
+                       env: Optional[dict] = None) -> OperatorProcess:
+        """Install the prerequisites, then run the operator under its ServiceAccount (`env`:
+        extra environment, e.g. a crash point of `bench faults`)."""
         assert self.kubeconfig is not None, "start or choose a cluster first"
         self.progress("installing the CRD, RBAC and kopf peering")
         install.install_prerequisites(self.kubectl_command)
@@ -158,7 +160,7 @@ class Stack:
             "run", "--kubeconfig", str(token_config), "--prometheus-url", prometheus_url,
             "--reconcile-interval", str(reconcile_interval_s), "--evaluation-tick", str(evaluation_tick_s),
             "--liveness-port", str(liveness), "--metrics-port", str(metrics), *extra_args,
-        ], self.workdir / "operator.log", env={"KUBECONFIG": ""})
+        ], self.workdir / "operator.log", env={"KUBECONFIG": "", **(env or {})})
         self._closers.append(managed.stop)
         running = OperatorProcess(managed, f"http://127.0.0.1:{metrics}/metrics",
                                   f"http://127.0.0.1:{liveness}/healthz", token_config)
