@@ -34,12 +34,23 @@ def _api_error_message(err: ApiException) -> str:
     return f"{err.status} {err.reason}: {(err.body or '')[:300]}"
 
 
+def check_replicas(spec: api.SpecDecodeServiceSpec, limit: Optional[int]) -> None:
+    """The operator's own ceiling on replicas (each pod holds GPUs): a typo such as 1024 must
+    not schedule hundreds of pods."""
+    if limit is not None and spec.replicas > limit:
+        raise api.SpecError(
+            f"spec.replicas: {spec.replicas} is above this operator's limit of {limit}: lower it, "
+            "or raise the operator's SPECDECODE_MAX_REPLICAS (--max-replicas)"
+        )
+
+
 class Controller:
     """The reconcile shell around the pure render and status functions."""
 
     def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None,
-                 model_cache_root: Optional[Path] = None):
+                 model_cache_root: Optional[Path] = None, max_replicas: Optional[int] = None):
         self.kube = kube
+        self.max_replicas = max_replicas
         self.model_cache_root = model_cache_root
         self.clock = clock
         self.log = logger or logging.getLogger("specdecode.controller")
@@ -76,6 +87,7 @@ class Controller:
 
         try:
             service = api.parse_service({k: v for k, v in body.items() if k != "status"})
+            check_replicas(service.spec, self.max_replicas)
             # A start-up failure is remembered until the spec changes (or, unclassified, until
             # its retry back-off passes); then the declared speculation is tried again.
             remembered = fallback.forget_stale_failures(current, service.spec, generation, now)

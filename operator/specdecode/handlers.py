@@ -6,6 +6,8 @@ it): the timer interval is read when the decorators run.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,18 @@ from .kube import Conflict, Kube, load_config
 SETTINGS = settings_module.current
 RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
 OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
+
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled state as a digest of the spec, labels and annotations, not a copy:
+    the handlers never read kopf's diff (every pass reconciles the whole object), and a copy of
+    a large spec overflowed the 256 KiB all annotations share, so kopf's own patch failed (422)
+    and it retried forever."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        text = json.dumps(essence, sort_keys=True, separators=(",", ":"), default=str)
+        return {"digest": hashlib.sha256(text.encode()).hexdigest()}
+
 
 _controller: Controller | None = None
 _evaluator: Evaluator | None = None
@@ -43,7 +57,7 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level."""
     global _controller, _evaluator
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = C.KOPF_FINALIZER
@@ -58,7 +72,8 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.watching.client_timeout = 330
     kube = Kube(load_config())
     cache_root = Path(SETTINGS.model_cache_root) if SETTINGS.model_cache_root else None
-    _controller = Controller(kube, logger=logging.getLogger("specdecode.controller"), model_cache_root=cache_root)
+    _controller = Controller(kube, logger=logging.getLogger("specdecode.controller"), model_cache_root=cache_root,
+                             max_replicas=SETTINGS.max_replicas)
     _evaluator = Evaluator(kube, _controller, SETTINGS)
     logger.info("specdecode-operator started")
 

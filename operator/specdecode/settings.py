@@ -50,6 +50,14 @@ class OperatorSettings(BaseModel):
         description="ClusterKopfPeering object that keeps one replica active at a time.",
     )
     standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
+    max_replicas: int = Field(
+        32,
+        ge=0,
+        le=256,
+        description="Most vLLM pods one SpecDecodeService may ask for (each holds GPUs). Above it the "
+        "service is Degraded, reason InvalidSpec, and its children stay as they are. The CRD's own "
+        "ceiling is 256.",
+    )
 
     @classmethod
     def from_environment(cls, overrides: dict | None = None, environ: dict | None = None) -> "OperatorSettings":
