@@ -8,6 +8,7 @@ none.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -23,8 +24,6 @@ from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 from . import constants as C
 from .instrumentation import API_WRITES
 
-# Managers whose writes to our children are expected and not drift.
-EXPECTED_MANAGERS = frozenset({C.FIELD_MANAGER, "kube-controller-manager"})
 DISCOVERY_TTL_S = 300.0
 
 
@@ -121,6 +120,25 @@ class Kube:
         )
         return result.to_dict()
 
+    def take_back(self, obj: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+        """Replace (PUT) the live object with our rendered spec fields and metadata laid over
+        it, as the operator's field manager: for when a foreign edit made a server-side apply
+        impossible (a hand-edited Service port left two ports named `http`: 422). Fields we do
+        not render (a Service's clusterIP) stay as they are. Fails with 409 if it changed."""
+        body = copy.deepcopy(live)
+        body["metadata"].pop("managedFields", None)
+        for key in ("labels", "annotations"):
+            body["metadata"][key] = {**(body["metadata"].get(key) or {}), **(obj["metadata"].get(key) or {})}
+        body["metadata"]["ownerReferences"] = obj["metadata"].get("ownerReferences", body["metadata"].get("ownerReferences"))
+        for key, value in obj.items():
+            if key not in ("apiVersion", "kind", "metadata", "status"):
+                body[key] = {**(body.get(key) or {}), **value} if isinstance(value, dict) else value
+        API_WRITES.labels("replace", obj["kind"]).inc()
+        result = self._resource(obj["apiVersion"], obj["kind"]).replace(
+            body=body, namespace=body["metadata"].get("namespace"), field_manager=C.FIELD_MANAGER
+        )
+        return result.to_dict()
+
     def delete(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> bool:
         API_WRITES.labels("delete", kind).inc()
         try:
@@ -182,21 +200,81 @@ class Kube:
             )
 
 
-def foreign_drift(live: dict[str, Any]) -> bool:
-    """Whether a manager other than ours (and the controllers) wrote the object after our
-    last apply: a `kubectl edit` or `kubectl scale` that our next apply must take back.
+# How server-side apply matches the items of the lists we render (their merge keys); any
+# other list is atomic: compared item by item, in order.
+LIST_MERGE_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "volumes": ("name",),
+    "env": ("name",),
+    "imagePullSecrets": ("name",),
+    "volumeMounts": ("mountPath",),
+    "ownerReferences": ("uid",),
+}
+# List fields whose merge key depends on where they sit: a Service's ports by port, a
+# container's by containerPort (both with protocol, which defaults to TCP).
+_PORT_KEYS = {"port": ("port", "protocol"), "containerPort": ("containerPort", "protocol")}
 
-    Only writes newer than ours count, so a field someone else added and we do not render
-    (server-side apply leaves it) does not make us apply again on every pass.
-    """
-    entries = live.get("metadata", {}).get("managedFields") or []
-    ours = [e.get("time", "") for e in entries if e.get("manager") == C.FIELD_MANAGER and not e.get("subresource")]
-    last_ours = max(ours, default="")
-    for entry in entries:
-        if entry.get("manager") in EXPECTED_MANAGERS or entry.get("subresource") == "status":
-            continue
-        # managedFields times have one-second resolution: a write in the same second as ours
-        # may be newer, so it counts (at worst one more apply, a second later ours is newer).
-        if entry.get("time", "") >= last_ours:
-            return True
+
+def _item_key(item: Any, field: str) -> Optional[tuple]:
+    if not isinstance(item, dict):
+        return None
+    keys = LIST_MERGE_KEYS.get(field)
+    if keys is None and field == "ports":
+        keys = next((k for marker, k in _PORT_KEYS.items() if marker in item), None)
+    if keys is None:
+        return None
+    return tuple(item.get(k, "TCP" if k == "protocol" else None) for k in keys)
+
+
+def _scalar_equal(want: Any, have: Any) -> bool:
+    if want == have:
+        return True
+    # The apiserver stores quantities as strings: a rendered `nvidia.com/gpu: 1` reads back "1".
+    if isinstance(want, (int, float)) and not isinstance(want, bool) and isinstance(have, str):
+        return str(want) == have
     return False
+
+
+def content_drift(want: Any, have: Any, path: str = "") -> Optional[str]:
+    """The first place where the live object `have` lacks what the rendered `want` says, or
+    None when everything we would apply is already there.
+
+    Compares content, not managedFields times: a `kubectl scale` (whose managedFields entry
+    may carry no time) is drift, a foreign annotation beside ours is not (apply leaves it, so
+    applying for it would repeat on every pass). Fields the apiserver defaults (present in
+    `have` only) and items others added to merge-keyed lists are not drift.
+    """
+    if want is None:
+        return None
+    if want == {} or want == []:
+        # `emptyDir: {}` must be there; what it holds (the apiserver's defaults) is not ours.
+        return path if have is None else None
+    if isinstance(want, dict):
+        if not isinstance(have, dict):
+            return path or "."
+        for key, value in want.items():
+            found = content_drift(value, have.get(key), f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(want, list):
+        if not isinstance(have, list):
+            return path
+        field = path.rsplit(".", 1)[-1]
+        keys = [_item_key(item, field) for item in want]
+        if all(k is not None for k in keys):
+            live_by_key = {_item_key(item, field): item for item in have}
+            for key, item in zip(keys, want):
+                found = content_drift(item, live_by_key.get(key), f"{path}[{'/'.join(map(str, key))}]")
+                if found:
+                    return found
+            return None
+        if len(want) != len(have):
+            return path
+        for index, (item, live_item) in enumerate(zip(want, have)):
+            found = content_drift(item, live_item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return None if _scalar_equal(want, have) else path
