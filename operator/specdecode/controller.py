@@ -76,12 +76,14 @@ class Controller:
 
     # ------------------------------------------------------------------------------ reconcile
 
-    def reconcile(self, namespace: str, name: str) -> None:
+    def reconcile(self, namespace: str, name: str) -> str:
+        """One pass; returns its outcome: ok, error (a child could not be written: retry),
+        invalid_spec (waits for a spec change) or gone."""
         with self.lock_for(namespace, name):
             body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 instrumentation.forget_service(namespace, name)
-                return
+                return "gone"
             try:
                 result = self._reconcile(body)
             except Exception:
@@ -89,6 +91,7 @@ class Controller:
                 instrumentation.ERRORS.labels("reconcile").inc()
                 raise
             instrumentation.RECONCILES.labels(result).inc()
+            return result
 
     def _reconcile(self, body: dict[str, Any]) -> str:
         now = self.clock()

@@ -8,9 +8,11 @@ none.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import os
+import tempfile
 import threading
 import time
 from datetime import datetime
@@ -45,20 +47,45 @@ def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
     return client.ApiClient()
 
 
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class Kube:
     """The operator's API access. Thread-safe: kopf runs sync handlers in a thread pool."""
 
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
-        self.dynamic = DynamicClient(api_client)
+        # The dynamic client's discovery cache is one mutable dict, replaced wholesale by
+        # invalidate_cache(): read by one of kopf's threads while another invalidates it, it
+        # raised KeyError 'apis' / 'resources'. Every use of it holds this lock, resolved
+        # resources are kept here, and its cache file is this process's own (the library's
+        # default, one file per apiserver in /tmp, is shared by every process on the machine).
+        self._discovery_lock = threading.RLock()
+        cache_file = os.path.join(tempfile.gettempdir(), f"specdecode-discovery-{os.getpid()}-{id(self)}.json")
+        atexit.register(_remove_quietly, cache_file)
+        with self._discovery_lock:
+            self.dynamic = DynamicClient(api_client, cache_file=cache_file)
         self.core = client.CoreV1Api(api_client)
+        self._resources: dict[tuple[str, str], Any] = {}
         self._served: dict[tuple[str, str], tuple[bool, float]] = {}
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------- reads
 
     def _resource(self, api_version: str, kind: str):
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        key = (api_version, kind)
+        resource = self._resources.get(key)
+        if resource is None:
+            with self._discovery_lock:
+                resource = self._resources.get(key)
+                if resource is None:
+                    resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+                    self._resources[key] = resource
+        return resource
 
     def get(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> Optional[dict[str, Any]]:
         try:
@@ -94,12 +121,14 @@ class Kube:
             self._resource(api_version, kind)
             served = True
         except ResourceNotFoundError:
-            self.dynamic.resources.invalidate_cache()
-            try:
-                self._resource(api_version, kind)
-                served = True
-            except ResourceNotFoundError:
-                served = False
+            # Perhaps installed since discovery ran: discover again (under the lock).
+            with self._discovery_lock:
+                self.dynamic.resources.invalidate_cache()
+                try:
+                    self._resource(api_version, kind)
+                    served = True
+                except ResourceNotFoundError:
+                    served = False
         with self._lock:
             self._served[key] = (served, now)
         return served

@@ -50,6 +50,12 @@ class OperatorSettings(BaseModel):
         description="ClusterKopfPeering object that keeps one replica active at a time.",
     )
     standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
+    api_outage_tolerance: float = Field(
+        900.0,
+        ge=60,
+        description="Seconds the operator rides out an unreachable API server (kopf retries each "
+        "of its requests with growing pauses, up to 30 s apart) before it gives up and exits.",
+    )
     max_replicas: int = Field(
         32,
         ge=0,
@@ -76,6 +82,21 @@ class OperatorSettings(BaseModel):
                 values[name] = raw
         values.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.model_validate(values)
+
+
+def api_retry_backoffs(tolerance_s: float) -> tuple[float, ...]:
+    """Pauses between retries of one API request: quick at first, then every 30 s, adding up
+    to at least `tolerance_s` (kopf's default, about 54 s in all, made the operator exit when
+    the API server was away for longer than about 80 s)."""
+    pauses = [1.0, 2.0, 4.0, 8.0, 15.0]
+    while sum(pauses) < tolerance_s:
+        pauses.append(30.0)
+    return tuple(pauses)
+
+
+def retry_delay(retry: int) -> float:
+    """Delay before retry number `retry` (0 first) of a failed reconcile: 1, 2, 4 ... 60 s."""
+    return float(min(60, 2 ** min(retry, 6)))
 
 
 class SettingsError(ValueError):

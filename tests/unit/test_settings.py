@@ -17,3 +17,17 @@ def test_bad_value_names_the_variable_and_the_flag(monkeypatch):
     monkeypatch.setenv("SPECDECODE_LOG_FORMAT", "xml")
     with pytest.raises(settings.SettingsError, match="SPECDECODE_LOG_FORMAT / --log-format"):
         settings.load()
+
+
+def test_the_operator_rides_out_a_ten_minute_api_outage_by_default():
+    from specdecode.settings import OperatorSettings, api_retry_backoffs
+
+    pauses = api_retry_backoffs(OperatorSettings().api_outage_tolerance)
+    assert sum(pauses) >= 600
+    assert pauses[0] <= 1 and max(pauses) <= 30
+
+
+def test_failed_reconciles_are_retried_soon_then_less_often():
+    from specdecode.settings import retry_delay
+
+    assert [retry_delay(r) for r in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]

@@ -31,6 +31,7 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-cache-root", help="where the operator can read the model cache (draft preflight)")
     p.add_argument("--peering-name", help="ClusterKopfPeering object name")
     p.add_argument("--standalone", action="store_true", default=None, help="run without peering")
+    p.add_argument("--api-outage-tolerance", type=float, help="seconds to ride out an unreachable API server (default 900)")
     p.add_argument("--max-replicas", type=int, help="most vLLM pods one SpecDecodeService may ask for (default 32)")
     p.set_defaults(func=run_operator)
 
@@ -52,7 +53,7 @@ def run_operator(args: argparse.Namespace) -> int:
         k: getattr(args, k)
         for k in ("namespaces", "prometheus_url", "reconcile_interval", "evaluation_tick", "log_format",
                   "log_level", "liveness_port", "metrics_port", "peering_name", "standalone", "model_cache_root",
-                  "max_replicas")
+                  "max_replicas", "api_outage_tolerance")
     }
     try:
         settings = settings_module.load(overrides)
