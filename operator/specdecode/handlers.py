@@ -67,7 +67,6 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.persistence.finalizer = C.KOPF_FINALIZER
     # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
     settings.posting.level = logging.WARNING
-    logging.getLogger("kopf.objects").addFilter(TemporaryFailuresAsWarnings())
     settings.peering.name = SETTINGS.peering_name
     settings.peering.clusterwide = not SETTINGS.namespaces
     settings.peering.mandatory = not SETTINGS.standalone
@@ -116,16 +115,6 @@ def _describe(err: BaseException) -> str:
     if isinstance(err, ApiException):
         return f"{err.status} {err.reason}"
     return f"{type(err).__name__}: {str(err)[:200]}"
-
-
-class TemporaryFailuresAsWarnings(logging.Filter):
-    """kopf logs a handler's TemporaryError at ERROR; a retried failure (an API server away, a
-    conflict) needs no human, so it is a WARNING. Crashes keep ERROR and their traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.ERROR and "failed temporarily" in str(record.msg):
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-        return True
 
 
 @kopf.on.create(*RESOURCE)

@@ -31,3 +31,19 @@ def test_failed_reconciles_are_retried_soon_then_less_often():
     from specdecode.settings import retry_delay
 
     assert [retry_delay(r) for r in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+
+
+def test_retried_failures_are_warnings_and_crashes_stay_errors():
+    import logging
+
+    from specdecode.commands.run import TemporaryFailuresAsWarnings
+
+    def level(message: str) -> str:
+        record = logging.LogRecord("kopf.objects", logging.ERROR, __file__, 1, message, None, None)
+        TemporaryFailuresAsWarnings().filter(record)
+        return record.levelname
+
+    assert level("Handler 'sds_reconcile' failed temporarily: reconcile failed (503)") == "WARNING"
+    assert level("Request attempt #3/35 failed; will retry: PATCH https://x -> ClientConnectorError()") == "WARNING"
+    assert level("Request attempt #35/35 failed; escalating: PATCH https://x") == "ERROR"
+    assert level("Handler 'sds_reconcile' failed with an exception and will try again in 60 seconds") == "ERROR"

@@ -36,6 +36,19 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_operator)
 
 
+class TemporaryFailuresAsWarnings(logging.Filter):
+    """kopf logs a handler's TemporaryError and each retried API request at ERROR; a failure
+    that is retried (an API server away, a conflict) needs no human, so it is a WARNING.
+    Crashes, and a request kopf gives up on ("escalating"), keep ERROR."""
+
+    RETRIED = ("failed temporarily", "failed; will retry")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and any(marker in str(record.msg) for marker in self.RETRIED):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def run_operator(args: argparse.Namespace) -> int:
     # The kubernetes library (kopf logs in through it) reads $KUBECONFIG once, when it is
     # imported: set it before the first import of kopf or kubernetes.
@@ -66,6 +79,12 @@ def run_operator(args: argparse.Namespace) -> int:
         quiet=settings.log_level in ("WARNING", "ERROR"),
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
     )
+    # Retried failures are warnings: on kopf's object logger (before kopf posts the line as an
+    # Event) and on every handler of the root logger (kopf's API retries log elsewhere).
+    downgrade = TemporaryFailuresAsWarnings()
+    logging.getLogger("kopf.objects").addFilter(downgrade)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(downgrade)
     if settings.log_level != "DEBUG":
         # kopf logs every timer run per object at INFO: with two timers per service that
         # drowns what matters. Failures still come through at WARNING and ERROR.
