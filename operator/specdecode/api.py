@@ -551,7 +551,7 @@ class Engine(ApiModel):
         Rule(
             cel="!has(self.extraArgs) || self.extraArgs.all(a, !(a.startsWith('--speculative') || a.startsWith('--spec-') "
             "|| a.startsWith('-sc') || a.startsWith('--num-speculative-tokens') || "
-            "a.startsWith('--ngram-prompt-lookup') || a.startsWith('--port'))))",
+            "a.startsWith('--ngram-prompt-lookup') || a.startsWith('--port')))",
             message="extraArgs must not carry speculative flags or --port: the operator renders "
             "them from spec.speculation; move the setting there",
             check=lambda e: all(_reserved_arg(a) is None for a in e.extra_args),

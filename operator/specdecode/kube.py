@@ -9,7 +9,6 @@ none.
 from __future__ import annotations
 
 import atexit
-import copy
 import logging
 import os
 import tempfile
@@ -45,6 +44,11 @@ def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
         except config.ConfigException:
             config.load_kube_config()
     return client.ApiClient()
+
+
+def _pointer(key: str) -> str:
+    """A key as a JSON pointer segment."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _remove_quietly(path: str) -> None:
@@ -150,21 +154,23 @@ class Kube:
         return result.to_dict()
 
     def take_back(self, obj: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
-        """Replace (PUT) the live object with our rendered spec fields and metadata laid over
-        it, as the operator's field manager: for when a foreign edit made a server-side apply
-        impossible (a hand-edited Service port left two ports named `http`: 422). Fields we do
-        not render (a Service's clusterIP) stay as they are. Fails with 409 if it changed."""
-        body = copy.deepcopy(live)
-        body["metadata"].pop("managedFields", None)
-        for key in ("labels", "annotations"):
-            body["metadata"][key] = {**(body["metadata"].get(key) or {}), **(obj["metadata"].get(key) or {})}
-        body["metadata"]["ownerReferences"] = obj["metadata"].get("ownerReferences", body["metadata"].get("ownerReferences"))
+        """Replace each top-level spec field we render with its rendered value (a JSON patch,
+        guarded by resourceVersion, as the operator's field manager): for when a foreign edit
+        made a server-side apply impossible (a hand-edited Service port left two ports named
+        `http`: 422). Fields we do not render (a Service's clusterIP) stay as they are."""
+        meta = live["metadata"]
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}]
         for key, value in obj.items():
-            if key not in ("apiVersion", "kind", "metadata", "status"):
-                body[key] = {**(body.get(key) or {}), **value} if isinstance(value, dict) else value
-        API_WRITES.labels("replace", obj["kind"]).inc()
-        result = self._resource(obj["apiVersion"], obj["kind"]).replace(
-            body=body, namespace=body["metadata"].get("namespace"), field_manager=C.FIELD_MANAGER
+            if key in ("apiVersion", "kind", "metadata", "status"):
+                continue
+            if isinstance(value, dict) and isinstance(live.get(key), dict):
+                ops += [{"op": "add", "path": f"/{key}/{_pointer(sub)}", "value": v} for sub, v in value.items()]
+            else:
+                ops.append({"op": "add", "path": f"/{key}", "value": value})
+        API_WRITES.labels("patch", obj["kind"]).inc()
+        result = self._resource(obj["apiVersion"], obj["kind"]).patch(
+            body=ops, name=meta["name"], namespace=meta.get("namespace"),
+            content_type="application/json-patch+json", field_manager=C.FIELD_MANAGER,
         )
         return result.to_dict()
 
