@@ -173,3 +173,15 @@ def test_the_largest_spec_the_schema_admits_fits_the_annotations_kopf_and_kubect
     largest = _largest(_schema()["properties"]["spec"])
     size = len(json.dumps(largest, separators=(",", ":")))
     assert 50 * 1024 < size <= api.SPEC_BOUND_BYTES < 200 * 1024
+
+
+def test_every_cel_rule_parses():
+    """A syntax error in one rule makes the apiserver refuse the whole CRD: catch it here,
+    before an install does (cel-python parses the same grammar)."""
+    import celpy
+
+    env = celpy.Environment()
+    rules = [v["rule"] for _, node in _rule_nodes(_schema()["properties"]["spec"]) for v in node["x-kubernetes-validations"]]
+    assert len(rules) > 15
+    for rule in rules:
+        env.compile(rule)
