@@ -203,6 +203,7 @@ class Controller:
         deployment: Optional[dict[str, Any]] = None
         for obj in objects:
             kind = obj["kind"]
+            live: Optional[dict[str, Any]] = None
             try:
                 live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
                 if self._needs_apply(obj, live):
