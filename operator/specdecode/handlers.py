@@ -104,6 +104,11 @@ def _reconcile(namespace: str, name: str, retry: int) -> None:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
         instrumentation.ERRORS.labels("reconcile_retry").inc()
+        if isinstance(err, ApiException) and err.status in (401, 403):
+            # Retrying will not grant a permission: that needs a human (the ClusterRole).
+            logging.getLogger("specdecode.handlers").error(
+                "%s/%s: the operator may not do this (%s): check its ClusterRole against manifests/base/rbac.yaml",
+                namespace, name, _describe(err))
         raise kopf.TemporaryError(f"reconcile failed ({_describe(err)}); retry {retry + 1} in {delay:.0f}s",
                                   delay=delay) from None
     if result == "error":
