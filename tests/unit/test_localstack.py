@@ -259,9 +259,12 @@ def test_kwokctl_configuration_uses_local_binaries_on_loopback(tmp_path):
     assert (options["kubeApiserverPort"], options["etcdPort"], options["etcdPeerPort"]) == (6443, 2379, 2380)
     assert (options["kwokControllerPort"], options["kubeControllerManagerPort"],
             options["kubeSchedulerPort"]) == (10247, 10257, 10259)
-    (patch,) = config["componentsPatches"]
-    assert patch == {"name": "kube-controller-manager",
-                     "extraArgs": [{"key": "use-service-account-credentials", "value": "true"}]}
+    patches = {p["name"]: {a["key"]: a["value"] for a in p["extraArgs"]} for p in config["componentsPatches"]}
+    assert patches == {
+        "kube-controller-manager": {"use-service-account-credentials": "true", "leader-elect": "false"},
+        # Without leader election the controllers ride out an API server outage (test_apiserver_outage).
+        "kube-scheduler": {"leader-elect": "false"},
+    }
     # Every binary option must point at a local file, never at a download URL.
     assert not any(str(value).startswith("http") for value in options.values())
 
