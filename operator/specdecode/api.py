@@ -57,13 +57,106 @@ def parse_duration(text: str | int | float, *, days: bool = False) -> float:
     return seconds
 
 
-def Duration(default: str, description: str, **kwargs: Any) -> Any:
-    """A duration field: a string such as `30s` or `5m` on the wire."""
-    return Field(default, description=description, pattern=DURATION_PATTERN, max_length=32, **kwargs)
+# What Go's time.ParseDuration (the apiserver's CEL `duration()`) accepts: int64 nanoseconds.
+_GO_DURATION_MAX_NS = (1 << 63) - 1
+_GO_UNIT_NS = {"ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
+POSITIVE_DURATION_CEL = "duration(self) > duration('0s')"
 
 
-# A map of short strings (labels, selectors, headers): bounded so CEL cost estimates stay low.
-StringMap = dict[str, Annotated[str, Field(max_length=4096)]]
+def duration_nanoseconds(text: str) -> int:
+    """Nanoseconds in an API duration, computed as Go's time.ParseDuration does (fractions
+    truncated to whole nanoseconds per part, int64 overflow refused), so that the Python check
+    and the apiserver's CEL `duration()` agree on every string, `0.0000000001ms` included."""
+    total = 0
+    for number, unit in _DURATION_PART.findall(text):
+        whole, _, fraction = number.partition(".")
+        scale = _GO_UNIT_NS[unit]
+        part = int(whole) * scale
+        if fraction:
+            part += int(fraction) * scale // 10 ** len(fraction)
+        total += part
+        if part > _GO_DURATION_MAX_NS or total > _GO_DURATION_MAX_NS:
+            raise ValueError(f"duration {text!r} is too long: at most 2562047h")
+    return total
+
+
+def _positive_duration(text: Optional[str]) -> Optional[str]:
+    if text is not None and re.fullmatch(DURATION_PATTERN, text) and duration_nanoseconds(text) <= 0:
+        raise ValueError(f"must be longer than 0 (got {text!r}): write it like 30s or 5m")
+    return text
+
+
+# A duration that must be longer than zero: checked by pydantic here and by CEL at admission.
+PositiveDuration = Annotated[str, AfterValidator(_positive_duration)]
+OptionalPositiveDuration = Annotated[Optional[str], AfterValidator(_positive_duration)]
+
+
+def Duration(default: Optional[str], description: str, *, positive: bool = False, **kwargs: Any) -> Any:
+    """A duration field: a string such as `30s` or `5m` on the wire. A positive one is refused
+    at 0 by the apiserver (CEL) and by the operator alike (annotate it `PositiveDuration`)."""
+    extra = {"x-kubernetes-validations": [
+        {"rule": POSITIVE_DURATION_CEL, "message": "must be longer than 0: write it like 30s or 5m"}
+    ]} if positive else None
+    return Field(default, description=description, pattern=DURATION_PATTERN, max_length=32,
+                 json_schema_extra=extra, **kwargs)
+
+
+# Kubernetes' own limits on label keys (prefix/name) and values.
+LABEL_KEY_MAX = 317
+LABEL_VALUE_MAX = 63
+# The schema's bounds keep the largest typed spec under this many bytes of JSON: kubectl's
+# client-side apply keeps a copy of the object in an annotation, and all annotations share
+# 256 KiB. (kopf keeps only a digest: see handlers.DigestDiffBaseStorage.) Only pass-through
+# Kubernetes objects (affinity, volumes, volume mounts, env valueFrom) can add more.
+SPEC_BOUND_BYTES = 120 * 1024
+# The schema's ceiling on replicas; the operator's own limit (settings.max_replicas) is lower.
+MAX_REPLICAS_SCHEMA = 256
+
+
+def _map_keys_rule(max_key: int) -> dict[str, Any]:
+    return {"rule": f"self.all(k, size(k) <= {max_key})", "message": f"keys must be at most {max_key} characters"}
+
+
+def StringMap(description: str, *, max_items: int, max_key: int, max_value: int,
+              key_rule: Optional[tuple[str, str]] = None) -> Any:
+    """A map of short strings (labels, selectors, headers), bounded in entries, key and value
+    length so that the spec's size and CEL's cost estimates stay low. `key_rule` is an extra
+    (CEL, message) check of every key, with `check_keys` its Python twin."""
+    validations = [_map_keys_rule(max_key)]
+    if key_rule:
+        validations.append({"rule": f"self.all(k, {key_rule[0]})", "message": key_rule[1]})
+    return Field(
+        default_factory=dict,
+        description=description,
+        max_length=max_items,
+        json_schema_extra={"x-kubernetes-validations": validations,
+                           "additionalProperties": {"type": "string", "maxLength": max_value}},
+    )
+
+
+def _bounded_map(max_key: int, max_value: int, key_pattern: Optional[str] = None, key_message: str = ""):
+    def check(value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if len(key) > max_key:
+                raise ValueError(f"key {key[:40]!r}...: keys must be at most {max_key} characters")
+            if key_pattern and not re.fullmatch(key_pattern, key):
+                raise ValueError(f"key {key!r}: {key_message}")
+            if len(item) > max_value:
+                raise ValueError(f"value of {key!r}: at most {max_value} characters")
+        return value
+    return AfterValidator(check)
+
+
+# Prometheus label names, minus the reserved `__` prefix (`__name__` would replace the metric).
+PROM_LABEL_CEL = "k.matches('^[a-zA-Z_][a-zA-Z0-9_]*$') && !k.startsWith('__')"
+PROM_LABEL_PATTERN = r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*"
+PROM_LABEL_MESSAGE = ("keys must be Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*) not starting "
+                      "with __ (reserved, __name__ included)")
+
+LabelMap = Annotated[dict[str, str], _bounded_map(LABEL_KEY_MAX, LABEL_VALUE_MAX)]
+AnnotationMap = Annotated[dict[str, str], _bounded_map(253, 512)]
+HeaderMap = Annotated[dict[str, str], _bounded_map(128, 512)]
+PromSelector = Annotated[dict[str, str], _bounded_map(128, 256, PROM_LABEL_PATTERN, PROM_LABEL_MESSAGE)]
 
 # ---------------------------------------------------------------------------------------------
 # Cross-field rules: one declaration, two enforcers (apiserver CEL and Python)
@@ -387,8 +480,8 @@ def _reserved_arg(arg: str) -> str | None:
 class EnvVar(ApiModel):
     """An environment variable of the vLLM container (the Kubernetes EnvVar shape)."""
 
-    name: str = Field(description="Variable name.", min_length=1, max_length=256)
-    value: Optional[str] = Field(None, description="Literal value.", max_length=32768)
+    name: str = Field(description="Variable name.", min_length=1, max_length=128)
+    value: Optional[str] = Field(None, description="Literal value.", max_length=512)
     value_from: Optional[dict[str, Any]] = _preserve(
         "A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).", default=None
     )
@@ -448,16 +541,16 @@ class Engine(ApiModel):
         default_factory=list,
         description="More `vllm serve` arguments, appended as given. Speculative flags and --port "
         "are refused here: the operator owns them.",
-        max_length=64,
-        json_schema_extra={"items": {"type": "string", "maxLength": 4096}},
+        max_length=32,
+        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Environment of the vLLM container.", max_length=64
+        default_factory=list, description="Environment of the vLLM container.", max_length=32
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule(
-            cel="self.extraArgs.all(a, !(a.startsWith('--speculative') || a.startsWith('--spec-') "
+            cel="!has(self.extraArgs) || self.extraArgs.all(a, !(a.startsWith('--speculative') || a.startsWith('--spec-') "
             "|| a.startsWith('-sc') || a.startsWith('--num-speculative-tokens') || "
             "a.startsWith('--ngram-prompt-lookup') || a.startsWith('--port')))",
             message="extraArgs must not carry speculative flags or --port: the operator renders "
@@ -471,8 +564,8 @@ class Engine(ApiModel):
     @classmethod
     def _each_arg_short(cls, args: list[str]) -> list[str]:
         for arg in args:
-            if len(arg) > 4096:
-                raise ValueError("each extra argument must be at most 4096 characters")
+            if len(arg) > 1024:
+                raise ValueError("each extra argument must be at most 1024 characters")
         return args
 
     def image_ref(self) -> str:
@@ -498,10 +591,11 @@ class Rollout(ApiModel):
     max_unavailable: int = Field(
         1, description="Pods that may be down during a rollout.", ge=0, le=64
     )
-    startup_timeout: str = Duration(
+    startup_timeout: PositiveDuration = Duration(
         "30m",
         "How long a pod may take to load the model and become ready before it counts as failed "
         "to start (rendered as the startup probe's budget).",
+        positive=True,
     )
 
     rules: ClassVar[tuple[Rule, ...]] = (
@@ -549,20 +643,21 @@ class Toleration(ApiModel):
         None, description="Taint effect to tolerate; all when empty."
     )
     toleration_seconds: Optional[int] = Field(
-        None, description="For NoExecute: how long the pod stays bound after the taint appears."
+        None, description="For NoExecute: how long the pod stays bound after the taint appears.",
+        ge=-(2**63), le=2**63 - 1,
     )
 
 
 class Scheduling(ApiModel):
     """Where vLLM pods run."""
 
-    node_selector: StringMap = Field(
-        default_factory=dict, description="Node labels a node must have.", max_length=32
+    node_selector: LabelMap = StringMap(
+        "Node labels a node must have.", max_items=16, max_key=LABEL_KEY_MAX, max_value=LABEL_VALUE_MAX
     )
     tolerations: list[Toleration] = Field(
         default_factory=list,
         description="Tolerations beyond the one for the GPU taint, which is always added.",
-        max_length=32,
+        max_length=16,
     )
     affinity: Optional[dict[str, Any]] = _preserve("Pod affinity, as Kubernetes' Affinity.", default=None)
     priority_class_name: Optional[str] = Field(None, description="PriorityClass of the pods.", max_length=253)
@@ -630,29 +725,28 @@ class ModelCache(ApiModel):
 class PodOptions(ApiModel):
     """Pass-through for the vLLM pods that platform teams expect."""
 
-    annotations: StringMap = Field(default_factory=dict, description="Extra pod annotations.", max_length=64)
-    labels: StringMap = Field(
-        default_factory=dict,
-        description="Extra pod labels. The operator's own labels win on conflict.",
-        max_length=64,
+    annotations: AnnotationMap = StringMap("Extra pod annotations.", max_items=16, max_key=253, max_value=512)
+    labels: LabelMap = StringMap(
+        "Extra pod labels. The operator's own labels win on conflict.",
+        max_items=16, max_key=LABEL_KEY_MAX, max_value=LABEL_VALUE_MAX,
     )
     service_account_name: Optional[str] = Field(None, description="ServiceAccount of the pods.", max_length=253)
     image_pull_secrets: list[str] = Field(
         default_factory=list,
         description="Names of Secrets for pulling the image.",
-        max_length=16,
+        max_length=8,
         json_schema_extra={"items": {"type": "string", "maxLength": 253}},
     )
     volumes: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Extra pod volumes (Kubernetes Volume objects).",
-        max_length=32,
+        max_length=16,
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
     volume_mounts: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Extra mounts of the vLLM container (Kubernetes VolumeMount objects).",
-        max_length=32,
+        max_length=16,
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
     run_as_user: Optional[int] = Field(
@@ -681,15 +775,13 @@ class LatencySLO(ApiModel):
     """Latency objectives; when P95 breaks one and speculation is the likely cause, the operator
     falls back fast."""
 
-    p95_end_to_end: Optional[str] = Field(
-        None, description="P95 end-to-end request latency objective (`2s`).", pattern=DURATION_PATTERN, max_length=32
+    p95_end_to_end: OptionalPositiveDuration = Duration(
+        None, "P95 end-to-end request latency objective (`2s`).", positive=True
     )
-    p95_time_per_output_token: Optional[str] = Field(
+    p95_time_per_output_token: OptionalPositiveDuration = Duration(
         None,
-        description="P95 time per output token objective (`50ms`), per request: decode time / "
-        "(tokens - 1).",
-        pattern=DURATION_PATTERN,
-        max_length=32,
+        "P95 time per output token objective (`50ms`), per request: decode time / (tokens - 1).",
+        positive=True,
     )
 
 
@@ -701,9 +793,12 @@ class Autotune(ApiModel):
         description="Auto changes K and turns speculation off/on; Recommend computes and reports "
         "in status without changing anything; Off runs numSpeculativeTokens as declared.",
     )
-    evaluation_interval: str = Duration("1m", "How often the service's metrics are evaluated.")
-    window: str = Duration(
-        "5m", "Metrics window of each evaluation (rate windows). Longer is steadier, shorter reacts faster."
+    evaluation_interval: PositiveDuration = Duration(
+        "1m", "How often the service's metrics are evaluated.", positive=True
+    )
+    window: PositiveDuration = Duration(
+        "5m", "Metrics window of each evaluation (rate windows). Longer is steadier, shorter reacts faster.",
+        positive=True,
     )
     warmup: str = Duration(
         "2m",
@@ -757,10 +852,8 @@ class PrometheusAuth(ApiModel):
         description="Secret in the service's own namespace holding a CA bundle (PEM) for "
         "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
     )
-    headers: StringMap = Field(
-        default_factory=dict,
-        description="Extra HTTP headers (for example `X-Scope-OrgID` for Mimir).",
-        max_length=16,
+    headers: HeaderMap = StringMap(
+        "Extra HTTP headers (for example `X-Scope-OrgID` for Mimir).", max_items=8, max_key=128, max_value=512
     )
 
 
@@ -776,17 +869,17 @@ class Metrics(ApiModel):
         pattern=r"^https?://",
     )
     auth: Optional[PrometheusAuth] = Field(None, description="Credentials for prometheusUrl.")
-    selector: StringMap = Field(
-        default_factory=dict,
-        description="Extra label matchers added to every query (for example `cluster: gpu-east`).",
-        max_length=16,
+    selector: PromSelector = StringMap(
+        "Extra label matchers added to every query (for example `cluster: gpu-east`). Keys are "
+        "Prometheus label names, not starting with `__`.",
+        max_items=8, max_key=128, max_value=256, key_rule=(PROM_LABEL_CEL, PROM_LABEL_MESSAGE),
     )
     pod_monitor: bool = Field(
         True,
         description="Render a PodMonitor (Prometheus Operator) for the vLLM pods. Applied only "
         "where the PodMonitor CRD is served.",
     )
-    scrape_interval: str = Duration("15s", "Scrape interval of the PodMonitor.")
+    scrape_interval: PositiveDuration = Duration("15s", "Scrape interval of the PodMonitor.", positive=True)
     scrape_protocols: list[
         Literal["PrometheusProto", "OpenMetricsText0.0.1", "OpenMetricsText1.0.0", "PrometheusText0.0.4", "PrometheusText1.0.0"]
     ] = Field(
@@ -824,7 +917,14 @@ class SpecDecodeServiceSpec(ApiModel):
     model: TargetModel = Field(description="The target model.")
     speculation: Speculation = Field(description="Speculative decoding: method, draft and K bounds.")
     engine: Engine = Field(default_factory=Engine, description="The vLLM engine.")
-    replicas: int = Field(1, description="vLLM pods. Scale subresource target for an HPA or KEDA.", ge=0, le=1024)
+    replicas: int = Field(
+        1,
+        description="vLLM pods. Scale subresource target for an HPA or KEDA. The operator also "
+        "enforces its own limit (SPECDECODE_MAX_REPLICAS, default 32) and reports Degraded, "
+        "reason InvalidSpec, above it.",
+        ge=0,
+        le=MAX_REPLICAS_SCHEMA,
+    )
     rollout: Rollout = Field(default_factory=Rollout, description="Rollout of changes.")
     resources: Resources = Field(default_factory=Resources, description="Resources of each pod.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Placement of the pods.")

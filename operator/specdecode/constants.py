@@ -101,6 +101,10 @@ EVENT_APPLIED = "Applied"
 EVENT_SPECULATION_CHANGED = "SpeculationChanged"
 EVENT_RECOMMENDATION = "Recommendation"
 EVENT_INVALID_SPEC = "InvalidSpec"
+# A foreign edit made our apply impossible; the operator took its fields back (or recreated
+# the object) and says so.
+EVENT_TOOK_BACK = "TookBackFields"
+EVENT_RECREATED = "Recreated"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20

@@ -21,7 +21,7 @@ from . import api
 from . import constants as C
 from . import crashpoints, fallback, failures, instrumentation, preflight, render
 from . import status as st
-from .kube import Kube, foreign_drift
+from .kube import Kube, content_drift
 
 Clock = Callable[[], datetime]
 
@@ -34,17 +34,39 @@ def _api_error_message(err: ApiException) -> str:
     return f"{err.status} {err.reason}: {(err.body or '')[:300]}"
 
 
+def _resource_version(obj: Optional[dict[str, Any]]) -> Optional[str]:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def _object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def check_replicas(spec: api.SpecDecodeServiceSpec, limit: Optional[int]) -> None:
+    """The operator's own ceiling on replicas (each pod holds GPUs): a typo such as 1024 must
+    not schedule hundreds of pods."""
+    if limit is not None and spec.replicas > limit:
+        raise api.SpecError(
+            f"spec.replicas: {spec.replicas} is above this operator's limit of {limit}: lower it, "
+            "or raise the operator's SPECDECODE_MAX_REPLICAS (--max-replicas)"
+        )
+
+
 class Controller:
     """The reconcile shell around the pure render and status functions."""
 
     def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None,
-                 model_cache_root: Optional[Path] = None):
+                 model_cache_root: Optional[Path] = None, max_replicas: Optional[int] = None):
         self.kube = kube
+        self.max_replicas = max_replicas
         self.model_cache_root = model_cache_root
         self.clock = clock
         self.log = logger or logging.getLogger("specdecode.controller")
         self._locks: defaultdict[tuple[str, str], threading.RLock] = defaultdict(threading.RLock)
         self._locks_guard = threading.Lock()
+        # Objects whose last apply changed nothing although content_drift saw a difference
+        # (the apiserver's own spelling of a value), by (kind, namespace, name): resourceVersion.
+        self._noop_applies: dict[tuple[str, str, str], str] = {}
 
     def lock_for(self, namespace: str, name: str) -> threading.RLock:
         """One lock per service: reconciles and evaluations of a service never interleave (an
@@ -54,12 +76,14 @@ class Controller:
 
     # ------------------------------------------------------------------------------ reconcile
 
-    def reconcile(self, namespace: str, name: str) -> None:
+    def reconcile(self, namespace: str, name: str) -> str:
+        """One pass; returns its outcome: ok, error (a child could not be written: retry),
+        invalid_spec (waits for a spec change) or gone."""
         with self.lock_for(namespace, name):
             body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 instrumentation.forget_service(namespace, name)
-                return
+                return "gone"
             try:
                 result = self._reconcile(body)
             except Exception:
@@ -67,6 +91,7 @@ class Controller:
                 instrumentation.ERRORS.labels("reconcile").inc()
                 raise
             instrumentation.RECONCILES.labels(result).inc()
+            return result
 
     def _reconcile(self, body: dict[str, Any]) -> str:
         now = self.clock()
@@ -76,6 +101,7 @@ class Controller:
 
         try:
             service = api.parse_service({k: v for k, v in body.items() if k != "status"})
+            check_replicas(service.spec, self.max_replicas)
             # A start-up failure is remembered until the spec changes (or, unclassified, until
             # its retry back-off passes); then the declared speculation is tried again.
             remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
@@ -94,7 +120,7 @@ class Controller:
             return "invalid_spec"
 
         spec = service.spec
-        deployment, applied, apply_error = self._apply_children(objects, service)
+        deployment, applied, apply_error = self._apply_children(objects, service, body, now)
         if "Deployment" in applied:
             crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
         config = render.config_hash(spec, choice)
@@ -166,26 +192,39 @@ class Controller:
         return first, failures.diagnose_pod_failure(first, log_text, speculation)
 
     def _apply_children(
-        self, objects: list[dict[str, Any]], service: api.SpecDecodeService
+        self, objects: list[dict[str, Any]], service: api.SpecDecodeService, body: dict[str, Any], now: datetime
     ) -> tuple[Optional[dict[str, Any]], list[str], Optional[str]]:
-        """Apply each rendered object whose content or ownership drifted; delete stale ones.
+        """Apply each rendered object that is missing, was rendered differently (the hash
+        annotation) or lacks some of what we render (content drift, whoever caused it); delete
+        stale ones. One child failing does not stop the others.
 
-        Returns the live Deployment, the kinds written, and an error message if a write failed.
+        Returns the live Deployment, the kinds written, and the errors of the writes that failed.
         """
         applied: list[str] = []
+        errors: list[str] = []
         deployment: Optional[dict[str, Any]] = None
-        try:
-            for obj in objects:
-                live = self.kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], service.namespace)
-                wanted = obj["metadata"]["annotations"][C.ANNOTATION_APPLIED_HASH]
-                have = ((live or {}).get("metadata", {}).get("annotations") or {}).get(C.ANNOTATION_APPLIED_HASH)
-                if live is None or have != wanted or foreign_drift(live):
-                    live = self.kube.apply(obj)
-                    applied.append(obj["kind"])
-                if obj["kind"] == "Deployment":
-                    deployment = live
-            rendered_kinds = {o["kind"] for o in objects}
-            for api_version, kind in (("policy/v1", "PodDisruptionBudget"), (render.PODMONITOR_API_VERSION, "PodMonitor")):
+        for obj in objects:
+            kind = obj["kind"]
+            live: Optional[dict[str, Any]] = None
+            try:
+                live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
+                if self._needs_apply(obj, live):
+                    result = self._apply_one(obj, live, body, now)
+                    if live is None or _resource_version(result) != _resource_version(live):
+                        applied.append(kind)
+                    else:
+                        # Nothing changed: what differs is the apiserver's spelling (a quantity,
+                        # say), not drift. Remember it so the next pass does not apply again.
+                        self._noop_applies[_object_key(obj)] = _resource_version(result)
+                    live = result
+            except ApiException as err:
+                instrumentation.ERRORS.labels("apply").inc()
+                errors.append(f"applying {kind} failed: {_api_error_message(err)}")
+            if kind == "Deployment":
+                deployment = live
+        rendered_kinds = {o["kind"] for o in objects}
+        for api_version, kind in (("policy/v1", "PodDisruptionBudget"), (render.PODMONITOR_API_VERSION, "PodMonitor")):
+            try:
                 if kind in rendered_kinds or not self.kube.is_served(api_version, kind):
                     continue
                 stale = self.kube.get(api_version, kind, service.name, service.namespace)
@@ -193,10 +232,53 @@ class Controller:
                 if stale and labels.get(C.LABEL_MANAGED_BY) == C.LABEL_MANAGED_BY_VALUE:
                     self.kube.delete(api_version, kind, service.name, service.namespace)
                     applied.append(f"deleted {kind}")
+            except ApiException as err:
+                instrumentation.ERRORS.labels("apply").inc()
+                errors.append(f"deleting {kind} failed: {_api_error_message(err)}")
+        return deployment, applied, "; ".join(errors) or None
+
+    def _needs_apply(self, obj: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
+        if live is None:
+            return True
+        wanted = obj["metadata"]["annotations"][C.ANNOTATION_APPLIED_HASH]
+        have = (live.get("metadata", {}).get("annotations") or {}).get(C.ANNOTATION_APPLIED_HASH)
+        if have != wanted:
+            return True
+        drift = content_drift(obj, live)
+        if drift is None:
+            return False
+        if self._noop_applies.get(_object_key(obj)) == _resource_version(live):
+            return False
+        self.log.info("%s %s/%s drifted at %s: applying it again", obj["kind"], live["metadata"].get("namespace"),
+                      obj["metadata"]["name"], drift)
+        return True
+
+    def _apply_one(
+        self, obj: dict[str, Any], live: Optional[dict[str, Any]], owner: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
+        """Server-side apply; when a foreign edit makes the apply itself invalid (422), take the
+        fields back by replacing them, else (not for a Deployment: its pods would go) recreate
+        the object; either way a Warning Event says what happened."""
+        try:
+            return self.kube.apply(obj)
         except ApiException as err:
-            instrumentation.ERRORS.labels("apply").inc()
-            return deployment, applied, f"applying children failed: {_api_error_message(err)}"
-        return deployment, applied, None
+            if err.status != 422 or live is None:
+                raise
+            refused = _api_error_message(err)
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            self.kube.take_back(obj, live)
+            self.kube.post_event(owner, "Warning", C.EVENT_TOOK_BACK,
+                                 f"{kind} {name}: a foreign edit made the apply fail ({refused}); "
+                                 "replaced the operator's fields with the rendered ones", now)
+        except ApiException as second:
+            if second.status != 422 or kind == "Deployment":
+                raise
+            self.kube.delete(obj["apiVersion"], kind, name, live["metadata"].get("namespace"))
+            self.kube.post_event(owner, "Warning", C.EVENT_RECREATED,
+                                 f"{kind} {name}: a foreign edit made the apply fail ({refused}) and the "
+                                 f"fields could not be replaced ({_api_error_message(second)}); recreated it", now)
+        return self.kube.apply(obj)
 
     def _write_status(
         self, body: dict[str, Any], current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus

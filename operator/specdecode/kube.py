@@ -8,8 +8,10 @@ none.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import tempfile
 import threading
 import time
 from datetime import datetime
@@ -24,8 +26,6 @@ from . import constants as C
 from .instrumentation import API_WRITES
 from .redaction import redact
 
-# Managers whose writes to our children are expected and not drift.
-EXPECTED_MANAGERS = frozenset({C.FIELD_MANAGER, "kube-controller-manager"})
 DISCOVERY_TTL_S = 300.0
 
 
@@ -47,20 +47,50 @@ def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
     return client.ApiClient()
 
 
+def _pointer(key: str) -> str:
+    """A key as a JSON pointer segment."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class Kube:
     """The operator's API access. Thread-safe: kopf runs sync handlers in a thread pool."""
 
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
-        self.dynamic = DynamicClient(api_client)
+        # The dynamic client's discovery cache is one mutable dict, replaced wholesale by
+        # invalidate_cache(): read by one of kopf's threads while another invalidates it, it
+        # raised KeyError 'apis' / 'resources'. Every use of it holds this lock, resolved
+        # resources are kept here, and its cache file is this process's own (the library's
+        # default, one file per apiserver in /tmp, is shared by every process on the machine).
+        self._discovery_lock = threading.RLock()
+        cache_file = os.path.join(tempfile.gettempdir(), f"specdecode-discovery-{os.getpid()}-{id(self)}.json")
+        atexit.register(_remove_quietly, cache_file)
+        with self._discovery_lock:
+            self.dynamic = DynamicClient(api_client, cache_file=cache_file)
         self.core = client.CoreV1Api(api_client)
+        self._resources: dict[tuple[str, str], Any] = {}
         self._served: dict[tuple[str, str], tuple[bool, float]] = {}
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------- reads
 
     def _resource(self, api_version: str, kind: str):
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        key = (api_version, kind)
+        resource = self._resources.get(key)
+        if resource is None:
+            with self._discovery_lock:
+                resource = self._resources.get(key)
+                if resource is None:
+                    resource = self.dynamic.resources.get(api_version=api_version, kind=kind)
+                    self._resources[key] = resource
+        return resource
 
     def get(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> Optional[dict[str, Any]]:
         try:
@@ -96,12 +126,14 @@ class Kube:
             self._resource(api_version, kind)
             served = True
         except ResourceNotFoundError:
-            self.dynamic.resources.invalidate_cache()
-            try:
-                self._resource(api_version, kind)
-                served = True
-            except ResourceNotFoundError:
-                served = False
+            # Perhaps installed since discovery ran: discover again (under the lock).
+            with self._discovery_lock:
+                self.dynamic.resources.invalidate_cache()
+                try:
+                    self._resource(api_version, kind)
+                    served = True
+                except ResourceNotFoundError:
+                    served = False
         with self._lock:
             self._served[key] = (served, now)
         return served
@@ -119,6 +151,27 @@ class Kube:
             namespace=meta.get("namespace"),
             field_manager=C.FIELD_MANAGER,
             force_conflicts=True,
+        )
+        return result.to_dict()
+
+    def take_back(self, obj: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+        """Replace each top-level spec field we render with its rendered value (a JSON patch,
+        guarded by resourceVersion, as the operator's field manager): for when a foreign edit
+        made a server-side apply impossible (a hand-edited Service port left two ports named
+        `http`: 422). Fields we do not render (a Service's clusterIP) stay as they are."""
+        meta = live["metadata"]
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}]
+        for key, value in obj.items():
+            if key in ("apiVersion", "kind", "metadata", "status"):
+                continue
+            if isinstance(value, dict) and isinstance(live.get(key), dict):
+                ops += [{"op": "add", "path": f"/{key}/{_pointer(sub)}", "value": v} for sub, v in value.items()]
+            else:
+                ops.append({"op": "add", "path": f"/{key}", "value": value})
+        API_WRITES.labels("patch", obj["kind"]).inc()
+        result = self._resource(obj["apiVersion"], obj["kind"]).patch(
+            body=ops, name=meta["name"], namespace=meta.get("namespace"),
+            content_type="application/json-patch+json", field_manager=C.FIELD_MANAGER,
         )
         return result.to_dict()
 
@@ -183,21 +236,81 @@ class Kube:
             )
 
 
-def foreign_drift(live: dict[str, Any]) -> bool:
-    """Whether a manager other than ours (and the controllers) wrote the object after our
-    last apply: a `kubectl edit` or `kubectl scale` that our next apply must take back.
+# How server-side apply matches the items of the lists we render (their merge keys); any
+# other list is atomic: compared item by item, in order.
+LIST_MERGE_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "volumes": ("name",),
+    "env": ("name",),
+    "imagePullSecrets": ("name",),
+    "volumeMounts": ("mountPath",),
+    "ownerReferences": ("uid",),
+}
+# List fields whose merge key depends on where they sit: a Service's ports by port, a
+# container's by containerPort (both with protocol, which defaults to TCP).
+_PORT_KEYS = {"port": ("port", "protocol"), "containerPort": ("containerPort", "protocol")}
 
-    Only writes newer than ours count, so a field someone else added and we do not render
-    (server-side apply leaves it) does not make us apply again on every pass.
-    """
-    entries = live.get("metadata", {}).get("managedFields") or []
-    ours = [e.get("time", "") for e in entries if e.get("manager") == C.FIELD_MANAGER and not e.get("subresource")]
-    last_ours = max(ours, default="")
-    for entry in entries:
-        if entry.get("manager") in EXPECTED_MANAGERS or entry.get("subresource") == "status":
-            continue
-        # managedFields times have one-second resolution: a write in the same second as ours
-        # may be newer, so it counts (at worst one more apply, a second later ours is newer).
-        if entry.get("time", "") >= last_ours:
-            return True
+
+def _item_key(item: Any, field: str) -> Optional[tuple]:
+    if not isinstance(item, dict):
+        return None
+    keys = LIST_MERGE_KEYS.get(field)
+    if keys is None and field == "ports":
+        keys = next((k for marker, k in _PORT_KEYS.items() if marker in item), None)
+    if keys is None:
+        return None
+    return tuple(item.get(k, "TCP" if k == "protocol" else None) for k in keys)
+
+
+def _scalar_equal(want: Any, have: Any) -> bool:
+    if want == have:
+        return True
+    # The apiserver stores quantities as strings: a rendered `nvidia.com/gpu: 1` reads back "1".
+    if isinstance(want, (int, float)) and not isinstance(want, bool) and isinstance(have, str):
+        return str(want) == have
     return False
+
+
+def content_drift(want: Any, have: Any, path: str = "") -> Optional[str]:
+    """The first place where the live object `have` lacks what the rendered `want` says, or
+    None when everything we would apply is already there.
+
+    Compares content, not managedFields times: a `kubectl scale` (whose managedFields entry
+    may carry no time) is drift, a foreign annotation beside ours is not (apply leaves it, so
+    applying for it would repeat on every pass). Fields the apiserver defaults (present in
+    `have` only) and items others added to merge-keyed lists are not drift.
+    """
+    if want is None:
+        return None
+    if want == {} or want == []:
+        # `emptyDir: {}` must be there; what it holds (the apiserver's defaults) is not ours.
+        return path if have is None else None
+    if isinstance(want, dict):
+        if not isinstance(have, dict):
+            return path or "."
+        for key, value in want.items():
+            found = content_drift(value, have.get(key), f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(want, list):
+        if not isinstance(have, list):
+            return path
+        field = path.rsplit(".", 1)[-1]
+        keys = [_item_key(item, field) for item in want]
+        if all(k is not None for k in keys):
+            live_by_key = {_item_key(item, field): item for item in have}
+            for key, item in zip(keys, want):
+                found = content_drift(item, live_by_key.get(key), f"{path}[{'/'.join(map(str, key))}]")
+                if found:
+                    return found
+            return None
+        if len(want) != len(have):
+            return path
+        for index, (item, live_item) in enumerate(zip(want, have)):
+            found = content_drift(item, live_item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return None if _scalar_equal(want, have) else path

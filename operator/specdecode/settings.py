@@ -59,6 +59,20 @@ class OperatorSettings(BaseModel):
         description="ClusterKopfPeering object that keeps one replica active at a time.",
     )
     standalone: bool = Field(False, description="Run without peering (a single replica, or tests).")
+    api_outage_tolerance: float = Field(
+        900.0,
+        ge=60,
+        description="Seconds the operator rides out an unreachable API server (kopf retries each "
+        "of its requests with growing pauses, up to 10 s apart) before it gives up and exits.",
+    )
+    max_replicas: int = Field(
+        32,
+        ge=0,
+        le=256,
+        description="Most vLLM pods one SpecDecodeService may ask for (each holds GPUs). Above it the "
+        "service is Degraded, reason InvalidSpec, and its children stay as they are. The CRD's own "
+        "ceiling is 256.",
+    )
 
     @field_validator("allowed_prometheus_urls")
     @classmethod
@@ -138,6 +152,22 @@ def _url_parts(url: str, *, prefix: bool = False) -> Optional[tuple[str, str, in
         return None
     port = ANY_PORT if any_port else port or _DEFAULT_PORTS[scheme]
     return scheme, parts.hostname.lower().rstrip("."), port, path.rstrip("/")
+
+
+def api_retry_backoffs(tolerance_s: float) -> tuple[float, ...]:
+    """Pauses between retries of one API request: quick at first, then every 10 s (so the
+    watches resume soon after the API server returns), adding up to at least `tolerance_s`
+    (kopf's default, about 54 s in all, made the operator exit when the API server was away
+    for longer than about 80 s)."""
+    pauses = [1.0, 2.0, 4.0, 8.0]
+    while sum(pauses) < tolerance_s:
+        pauses.append(10.0)
+    return tuple(pauses)
+
+
+def retry_delay(retry: int) -> float:
+    """Delay before retry number `retry` (0 first) of a failed reconcile: 1, 2, 4 ... 60 s."""
+    return float(min(60, 2 ** min(retry, 6)))
 
 
 class SettingsError(ValueError):

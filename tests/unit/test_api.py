@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from specdecode import api
 
+from ..spec_corpus import BROKEN, VALID, spec_over, spec_with
 from .conftest import SAMPLES, load_yaml, service_doc
 
 
@@ -40,45 +42,38 @@ def test_wire_round_trip_is_stable(minimal_spec):
     assert api.parse_spec(spec.to_wire()) == spec
 
 
-BROKEN = [
-    # (change to a valid spec, field the message must name, words the message must contain)
-    ({"speculation": {"method": "ngram", "draftModel": "x"}}, "spec.speculation", "draftModel is not used"),
-    ({"speculation": {"method": "eagle3"}}, "spec.speculation", "draftModel is required"),
-    ({"speculation": {"method": "draft_model"}}, "spec.speculation", "draftModel is required"),
-    ({"speculation": {"method": "ngram", "minK": 5, "maxK": 2, "numSpeculativeTokens": 3}}, "spec.speculation", "minK must not exceed maxK"),
-    ({"speculation": {"method": "ngram", "numSpeculativeTokens": 9}}, "spec.speculation", "within [minK, maxK]"),
-    ({"speculation": {"method": "ngram", "ngram": {"promptLookupMin": 6, "promptLookupMax": 3}}}, "spec.speculation.ngram", "promptLookupMin must not exceed"),
-    ({"speculation": {"method": "mtp", "ngram": {"promptLookupMax": 3}}}, "spec.speculation", "ngram settings apply to method ngram only"),
-    ({"speculation": {"method": "eagle", "draftModel": "h", "useHeterogeneousVocab": True}}, "spec.speculation", "useHeterogeneousVocab works with method draft_model only"),
-    ({"speculation": {"method": "ngram", "perBatchSizeK": [{"minBatchSize": 2, "maxBatchSize": 8, "k": 2}]}}, "spec.speculation", "starting at minBatchSize 1"),
-    ({"speculation": {"method": "ngram", "perBatchSizeK": [{"minBatchSize": 1, "maxBatchSize": 8, "k": 4}, {"minBatchSize": 8, "maxBatchSize": 64, "k": 2}]}}, "spec.speculation", "must not overlap"),
-    ({"speculation": {"method": "ngram", "perBatchSizeK": [{"minBatchSize": 1, "maxBatchSize": 8, "k": 12}]}}, "spec.speculation", "must not exceed maxK"),
-    ({"speculation": {"method": "ngram", "perBatchSizeK": [{"minBatchSize": 9, "maxBatchSize": 8, "k": 1}]}}, "spec.speculation.perBatchSizeK[0]", "minBatchSize must not exceed maxBatchSize"),
-    ({"speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 2}, "resources": {"gpus": 4}}, "spec", "draftTensorParallelSize must be 1 or the target's"),
-    ({"engine": {"tensorParallelSize": 8}, "resources": {"gpus": 2}}, "spec", "tensorParallelSize must not exceed resources.gpus"),
-    ({"engine": {"extraArgs": ["--speculative-config", "{}"]}}, "spec.engine", "must not carry speculative flags"),
-    ({"engine": {"extraArgs": ["--num-speculative-tokens=3"]}}, "spec.engine", "must not carry speculative flags"),
-    ({"rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "spec.rollout", "cannot both be 0"),
-    ({"modelCache": {"type": "PersistentVolumeClaim"}}, "spec.modelCache", "claimName is required"),
-    ({"autotune": {"cooldown": "ten minutes"}}, "spec.autotune.cooldown", "should match pattern"),
-    ({"autotune": {"mode": "Aggressive"}}, "spec.autotune.mode", "must be 'Auto', 'Recommend' or 'Off'"),
-    ({"replicas": -1}, "spec.replicas", "greater than or equal to 0"),
-    ({"speculation": {"method": "ngram", "numSpeculativeTokens": "three"}}, "spec.speculation.numSpeculativeTokens", "valid integer"),
-    ({"speculation": {"method": "ngram", "maxk": 4}}, "spec.speculation.maxk", "is not a field"),
-    ({"model": {}}, "spec.model.name", "is required"),
-]
-
-
-@pytest.mark.parametrize("change,field,words", BROKEN, ids=[b[2][:40] for b in BROKEN])
-def test_broken_spec_names_the_field_and_the_fix(minimal_spec, change, field, words):
-    spec = copy.deepcopy(minimal_spec)
-    spec.update(change)
+@pytest.mark.parametrize("case_id,change,field,words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_spec_names_the_field_and_the_fix(case_id, change, field, words):
     with pytest.raises(api.SpecError) as err:
-        api.parse_spec(spec)
+        api.parse_spec(spec_with(change))
     message = str(err.value)
     assert message.startswith(field + ":"), message
     assert words in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("case_id,change,field,words", VALID, ids=[v[0] for v in VALID])
+def test_valid_corpus_specs_parse(case_id, change, field, words):
+    api.parse_spec(spec_with(change))
+
+
+def test_a_spec_over_256_kib_of_pass_through_objects_parses():
+    spec = spec_over(300 * 1024)
+    assert len(json.dumps(spec)) > 300 * 1024
+    api.parse_spec(spec)
+
+
+@pytest.mark.parametrize("text,nanoseconds", [
+    ("1h30m", 5_400_000_000_000), ("0.5s", 500_000_000), ("0.0000000001ms", 0), ("1.5ms", 1_500_000), ("0s0m", 0),
+])
+def test_duration_nanoseconds_truncate_as_go_does(text, nanoseconds):
+    assert api.duration_nanoseconds(text) == nanoseconds
+
+
+def test_durations_beyond_int64_nanoseconds_are_refused():
+    with pytest.raises(ValueError, match="too long"):
+        api.duration_nanoseconds("2562048h")
+    assert api.duration_nanoseconds("2562047h") > 0
 
 
 def test_service_document_checks_kind_and_name(minimal_spec):

@@ -276,12 +276,14 @@ def test_kwokctl_configuration_uses_local_binaries_on_loopback(tmp_path):
     assert (options["kubeApiserverPort"], options["etcdPort"], options["etcdPeerPort"]) == (6443, 2379, 2380)
     assert (options["kwokControllerPort"], options["kubeControllerManagerPort"],
             options["kubeSchedulerPort"]) == (10247, 10257, 10259)
-    apiserver, controllers = config["componentsPatches"]
-    assert controllers == {"name": "kube-controller-manager",
-                           "extraArgs": [{"key": "use-service-account-credentials", "value": "true"}]}
-    # Room for the Services of a 500-service fleet (the default /24 holds about 250).
-    assert apiserver == {"name": "kube-apiserver",
-                         "extraArgs": [{"key": "service-cluster-ip-range", "value": "10.96.0.0/16"}]}
+    patches = {p["name"]: {a["key"]: a["value"] for a in p["extraArgs"]} for p in config["componentsPatches"]}
+    assert patches == {
+        # Room for the Services of a 500-service fleet (the default /24 holds about 250).
+        "kube-apiserver": {"service-cluster-ip-range": "10.96.0.0/16"},
+        "kube-controller-manager": {"use-service-account-credentials": "true", "leader-elect": "false"},
+        # Without leader election the controllers ride out an API server outage (test_apiserver_outage).
+        "kube-scheduler": {"leader-elect": "false"},
+    }
     # Every binary option must point at a local file, never at a download URL.
     assert not any(str(value).startswith("http") for value in options.values())
 

@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from specdecode import api, constants as C, status as st
-from specdecode.kube import foreign_drift
 from specdecode.render import SpeculationChoice
 
 from .conftest import service_doc
@@ -126,18 +125,6 @@ def test_invalid_spec_keeps_everything_else():
     degraded = st.get_condition(bad.conditions, C.COND_DEGRADED)
     assert bad.phase == C.PHASE_DEGRADED and degraded.reason == C.REASON_INVALID_SPEC
     assert bad.speculation == good.speculation
-
-
-def test_foreign_writes_after_ours_are_drift():
-    ours = {"manager": C.FIELD_MANAGER, "operation": "Apply", "time": "2026-11-30T12:00:00Z"}
-    edit = {"manager": "kubectl-edit", "operation": "Update", "time": "2026-11-30T12:05:00Z"}
-    status = {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status", "time": "2026-11-30T12:06:00Z"}
-    old_edit = {**edit, "time": "2026-11-30T11:00:00Z"}
-    assert foreign_drift({"metadata": {"managedFields": [ours, edit]}})
-    assert not foreign_drift({"metadata": {"managedFields": [ours, status]}})
-    assert not foreign_drift({"metadata": {"managedFields": [ours, old_edit]}})
-    same_second = {**edit, "time": ours["time"]}
-    assert foreign_drift({"metadata": {"managedFields": [ours, same_second]}})
 
 
 @pytest.mark.parametrize("cache, mode, status, reason", [

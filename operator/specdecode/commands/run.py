@@ -34,11 +34,26 @@ def _run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-cache-root", help="where the operator can read the model cache (draft preflight)")
     p.add_argument("--peering-name", help="ClusterKopfPeering object name")
     p.add_argument("--standalone", action="store_true", default=None, help="run without peering")
+    p.add_argument("--api-outage-tolerance", type=float, help="seconds to ride out an unreachable API server (default 900)")
+    p.add_argument("--max-replicas", type=int, help="most vLLM pods one SpecDecodeService may ask for (default 32)")
     p.set_defaults(func=run_operator)
 
 
 def _comma_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
+
+
+class TemporaryFailuresAsWarnings(logging.Filter):
+    """kopf logs a handler's TemporaryError and each retried API request at ERROR; a failure
+    that is retried (an API server away, a conflict) needs no human, so it is a WARNING.
+    Crashes, and a request kopf gives up on ("escalating"), keep ERROR."""
+
+    RETRIED = ("failed temporarily", "failed; will retry")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and any(marker in str(record.msg) for marker in self.RETRIED):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
 
 
 def run_operator(args: argparse.Namespace) -> int:
@@ -57,8 +72,9 @@ def run_operator(args: argparse.Namespace) -> int:
 
     overrides = {
         k: getattr(args, k)
-        for k in ("namespaces", "prometheus_url", "allowed_prometheus_urls", "reconcile_interval", "evaluation_tick", "log_format",
-                  "log_level", "liveness_port", "metrics_port", "peering_name", "standalone", "model_cache_root")
+        for k in ("namespaces", "prometheus_url", "allowed_prometheus_urls", "reconcile_interval", "evaluation_tick",
+                  "log_format", "log_level", "liveness_port", "metrics_port", "peering_name", "standalone",
+                  "model_cache_root", "max_replicas", "api_outage_tolerance")
     }
     try:
         settings = settings_module.load(overrides)
@@ -71,6 +87,12 @@ def run_operator(args: argparse.Namespace) -> int:
         quiet=settings.log_level in ("WARNING", "ERROR"),
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
     )
+    # Retried failures are warnings: on kopf's object logger (before kopf posts the line as an
+    # Event) and on every handler of the root logger (kopf's API retries log elsewhere).
+    downgrade = TemporaryFailuresAsWarnings()
+    logging.getLogger("kopf.objects").addFilter(downgrade)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(downgrade)
     if settings.log_level != "DEBUG":
         # kopf logs every timer run per object at INFO: with two timers per service that
         # drowns what matters. Failures still come through at WARNING and ERROR.

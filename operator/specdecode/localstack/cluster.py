@@ -119,6 +119,23 @@ class ClusterInfo:
 
 
 @dataclass(frozen=True)
+class ComponentLaunch:
+    """How a component process was started, read from /proc before it is stopped."""
+
+    component: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of_process(cls, component: str, pid: int) -> "ComponentLaunch":
+        argv = tuple(a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
+        raw_env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = tuple(tuple(e.decode(errors="replace").split("=", 1)) for e in raw_env if b"=" in e)
+        return cls(component, argv, os.readlink(f"/proc/{pid}/cwd"), env)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class ClusterStatus:
     name: str
     state: str  # "running", "degraded" (some component down or apiserver unhealthy), "absent"
@@ -438,6 +455,28 @@ class LocalCluster:
         recorded = self._recorded_pids()
         return {component: recorded[component] if component in recorded and self._is_ours(recorded[component])
                 else None for component in COMPONENTS}
+
+    def stop_component(self, component: str) -> "ComponentLaunch":
+        """Stop one running component (SIGTERM, then SIGKILL) and return how kwokctl started it,
+        for `start_component`: an API server outage, a controller crash, on demand."""
+        pid = self.component_pids().get(component)
+        if pid is None:
+            raise ClusterError(f"{component} of cluster {self.name!r} is not running")
+        launch = ComponentLaunch.of_process(component, pid)
+        terminate([pid])
+        return launch
+
+    def start_component(self, launch: "ComponentLaunch") -> int:
+        """Start a component again exactly as it ran (command line, directory, environment),
+        logging where kwokctl logs it; its pid goes into kwokctl's pid file, so `status` and
+        `down` know it."""
+        log_path = self.workdir / "logs" / f"{launch.component}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(list(launch.argv), cwd=launch.cwd, env=dict(launch.env), stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        (self.workdir / "pids" / f"{launch.component}.pid").write_text(f"{process.pid}\n")
+        return process.pid
 
     def _dead_components(self) -> list[str]:
         """Components that were started and have exited since."""

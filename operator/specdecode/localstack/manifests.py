@@ -193,7 +193,13 @@ def kwokctl_configuration(binaries: Binaries, audit_policy_path: Path, ports: Po
             # Each controller acts as its own ServiceAccount (system:serviceaccount:kube-system:
             # deployment-controller, ...), as on kubeadm clusters, instead of all of them as
             # the admin: audit entries then tell the controllers' writes from everyone else's.
-            "extraArgs": [{"key": "use-service-account-credentials", "value": "true"}],
+            "extraArgs": [{"key": "use-service-account-credentials", "value": "true"},
+                          # One instance of each: no leader election, which exits the process
+                          # when the API server is away for longer than the renew deadline.
+                          {"key": "leader-elect", "value": "false"}],
+        }, {
+            "name": "kube-scheduler",
+            "extraArgs": [{"key": "leader-elect", "value": "false"}],
         }],
     }
 

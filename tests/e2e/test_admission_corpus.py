@@ -1,0 +1,246 @@
+"""Bad input held both ways: every spec of the corpus goes through `specdecode validate` and
+through the real apiserver (server-side dry run, strict field validation, as `kubectl apply`
+does), and the two verdicts agree case by case.
+
+The corpus: every CEL rule's violation, every bound, zero durations, invalid Prometheus label
+names, unknown fields, wrong types, huge strings, a spec over 256 KiB, the shipped samples
+and hypothesis-generated specs. The dry runs go out in parallel: the whole module takes
+seconds, not minutes.
+
+One kind of disagreement is by design: a spec the schema cannot judge (a speculation method
+the declared vLLM version lacks) passes admission, and `validate` refuses it when it renders;
+the operator reports it as Degraded/InvalidSpec with an Event (test_operator covers that).
+Such cases are checked for exactly that: admitted, and refused only at render time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes import client
+
+from specdecode import api
+from specdecode import constants as C
+from specdecode.cli import main as specdecode_main
+
+from ..spec_corpus import BROKEN, SAMPLES, VALID, document, sample_documents, spec_over, spec_with
+from .operator_harness import kubectl
+
+pytestmark = pytest.mark.e2e
+
+HYPOTHESIS_EXAMPLES = 150
+
+
+@dataclass
+class Verdict:
+    case: str
+    doc: dict[str, Any]
+    validate_ok: bool = False
+    validate_message: str = ""
+    admission_ok_python: bool = False  # schema and rules, before rendering
+    apiserver_ok: bool = False
+    apiserver_message: str = ""
+
+
+def run_validate(doc: dict[str, Any], tmp_path, index: int) -> tuple[bool, str]:
+    """`specdecode validate -f FILE`, in-process (its exit code and its message)."""
+    path = tmp_path / f"case-{index}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = specdecode_main(["validate", "-f", str(path)])
+    return code == 0, (err.getvalue() or out.getvalue()).strip()
+
+
+def dry_run(kube_api, doc: dict[str, Any]) -> tuple[bool, str]:
+    """Server-side dry run of a create, with strict field validation (kubectl's default)."""
+    try:
+        client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+            C.GROUP, C.VERSION, doc["metadata"]["namespace"], C.PLURAL, doc, dry_run="All", field_validation="Strict"
+        )
+    except client.ApiException as err:
+        try:
+            message = json.loads(err.body).get("message", "")
+        except (TypeError, ValueError):
+            message = str(err.body)[:500]
+        return False, f"{err.status}: {message}"
+    return True, ""
+
+
+def judge(cases: list[tuple[str, dict[str, Any]]], kube_api, tmp_path) -> list[Verdict]:
+    verdicts = [Verdict(case, doc) for case, doc in cases]
+    for index, verdict in enumerate(verdicts):
+        verdict.validate_ok, verdict.validate_message = run_validate(verdict.doc, tmp_path, index)
+        try:
+            api.parse_service(verdict.doc)
+            verdict.admission_ok_python = True
+        except api.SpecError:
+            verdict.admission_ok_python = False
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for verdict, (ok, message) in zip(verdicts, pool.map(lambda v: dry_run(kube_api, v.doc), verdicts)):
+            verdict.apiserver_ok, verdict.apiserver_message = ok, message
+    return verdicts
+
+
+def disagreements(verdicts: list[Verdict]) -> list[str]:
+    """Cases where the apiserver and validate disagree, beyond the render-only errors."""
+    found = []
+    for v in verdicts:
+        if v.apiserver_ok != v.admission_ok_python or (v.validate_ok and not v.apiserver_ok):
+            found.append(f"{v.case}: apiserver {'accepts' if v.apiserver_ok else 'refuses'} "
+                         f"({v.apiserver_message[:300]}); validate {'accepts' if v.validate_ok else 'refuses'} "
+                         f"({v.validate_message[:300]})")
+    return found
+
+
+def test_every_corpus_case_gets_the_same_verdict_from_validate_and_the_apiserver(cluster, kube_api, operator,
+                                                                                 namespace, tmp_path):
+    cases = [(f"broken/{case}", document(spec_with(change), f"c{i}", namespace))
+             for i, (case, change, _, _) in enumerate(BROKEN)]
+    cases += [(f"valid/{case}", document(spec_with(change), f"v{i}", namespace))
+              for i, (case, change, _, _) in enumerate(VALID)]
+    cases.append(("valid/pass-through-over-256KiB", document(spec_over(300 * 1024), "big", namespace)))
+    for name, doc in sample_documents():
+        doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+        cases.append((f"sample/{name}", doc))
+
+    verdicts = judge(cases, kube_api, tmp_path)
+    assert disagreements(verdicts) == []
+    by_case = {v.case: v for v in verdicts}
+    for i, (case, _, field, words) in enumerate(BROKEN):
+        verdict = by_case[f"broken/{case}"]
+        assert not verdict.validate_ok and not verdict.apiserver_ok, case
+        # Both name the field: validate by its path, the apiserver by its own.
+        assert verdict.validate_message.split(": ", 2)[2].startswith(field), (case, verdict.validate_message)
+        leaf = field.rsplit(".", 1)[-1].split("[")[0]
+        assert leaf in verdict.apiserver_message, (case, verdict.apiserver_message)
+    for case in [c for c in by_case if not c.startswith("broken/")]:
+        assert by_case[case].validate_ok and by_case[case].apiserver_ok, (case, by_case[case])
+
+
+def test_every_shipped_sample_passes_a_server_side_dry_run_with_kubectl(cluster, operator):
+    """The README's install step: `kubectl apply -f manifests/samples/...` (client-side apply,
+    strict validation) into the samples' own namespaces."""
+    namespaces = sorted({yaml.safe_load(p.read_text())["metadata"].get("namespace", "default") for p in SAMPLES})
+    created = []
+    for ns in namespaces:
+        if kubectl(cluster, "get", "namespace", ns, check=False).returncode != 0:
+            kubectl(cluster, "create", "namespace", ns)
+            created.append(ns)
+    try:
+        for path in SAMPLES:
+            done = kubectl(cluster, "apply", "--dry-run=server", "-f", str(path), check=False)
+            assert done.returncode == 0, f"{path.name}: {done.stderr.strip()}"
+            assert "(server dry run)" in done.stdout
+    finally:
+        for ns in created:
+            kubectl(cluster, "delete", "namespace", ns, "--wait=false", check=False)
+
+
+# ------------------------------------------------------------------------- generated specs
+
+DURATIONS = st.one_of(
+    st.sampled_from(["0s", "0ms", "0h0m", "30s", "5m", "1h30m", "250ms", "0.5s", "1.5h", "10", "5 minutes",
+                     "-1s", "1d", "", "0.0000000001ms", "0.000001ms", "9999999999999h", "2562047h"]),
+    st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**7), st.sampled_from(["ms", "s", "m", "h"])),
+)
+LABEL_KEYS = st.one_of(
+    st.sampled_from(["cluster", "__name__", "__x", "a-b", "1a", "_ok", "Zone9", "", "a.b", "é"]),
+    st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True),
+)
+SHORT_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=8)
+METHODS = st.sampled_from(["ngram", "mtp", "suffix", "draft_model", "eagle", "eagle3", "medusa"])
+SPEC_CHANGES = st.fixed_dictionaries({}, optional={
+    "replicas": st.integers(-2, 300),
+    "speculation": st.fixed_dictionaries({"method": METHODS}, optional={
+        "draftModel": st.sampled_from(["org/draft", ""]),
+        "numSpeculativeTokens": st.integers(0, 18),
+        "minK": st.integers(0, 18),
+        "maxK": st.integers(0, 18),
+        "allowDisable": st.booleans(),
+        "perBatchSizeK": st.lists(st.fixed_dictionaries({
+            "minBatchSize": st.integers(0, 70), "maxBatchSize": st.integers(0, 70), "k": st.integers(-1, 17)}), max_size=3),
+    }),
+    "engine": st.fixed_dictionaries({}, optional={
+        "version": st.sampled_from(["0.33.0", "0.8.5", "nightly"]),
+        "extraArgs": st.lists(st.sampled_from(["--enforce-eager", "--port=1", "-sc", "--spec-tokens=2",
+                                               "--max-model-len=4096", "x" * 1100]), max_size=3),
+        "tensorParallelSize": st.integers(0, 9),
+        "gpuMemoryUtilization": st.floats(-0.5, 1.5, allow_nan=False),
+    }),
+    "resources": st.fixed_dictionaries({}, optional={"gpus": st.integers(-1, 9)}),
+    "rollout": st.fixed_dictionaries({}, optional={
+        "maxSurge": st.integers(-1, 2), "maxUnavailable": st.integers(-1, 2), "startupTimeout": DURATIONS}),
+    "autotune": st.fixed_dictionaries({}, optional={
+        "mode": st.sampled_from(["Auto", "Recommend", "Off", "auto"]),
+        "window": DURATIONS, "evaluationInterval": DURATIONS, "cooldown": DURATIONS, "warmup": DURATIONS,
+        "acceptanceFloor": st.floats(-0.5, 1.5, allow_nan=False),
+        "maxChangesPerHour": st.integers(-1, 70),
+        "slo": st.fixed_dictionaries({}, optional={"p95EndToEnd": DURATIONS, "p95TimePerOutputToken": DURATIONS}),
+    }),
+    "metrics": st.fixed_dictionaries({}, optional={
+        "scrapeInterval": DURATIONS,
+        "selector": st.dictionaries(LABEL_KEYS, SHORT_TEXT, max_size=3),
+        "prometheusUrl": st.sampled_from(["http://prom:9090", "prom:9090", "https://x"]),
+    }),
+    "pod": st.fixed_dictionaries({}, optional={
+        "labels": st.dictionaries(st.sampled_from(["team", "k" * 318]), st.sampled_from(["a", "v" * 64]), max_size=2),
+    }),
+    "unknownField": st.just(1),
+})
+
+
+def generated_changes(count: int) -> list[dict[str, Any]]:
+    changes: list[dict[str, Any]] = []
+
+    @settings(max_examples=count, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(SPEC_CHANGES)
+    def collect(change: dict[str, Any]) -> None:
+        changes.append(change)
+
+    collect()
+    return changes
+
+
+def test_generated_specs_get_the_same_verdict_from_validate_and_the_apiserver(cluster, kube_api, operator,
+                                                                              namespace, tmp_path):
+    changes = generated_changes(HYPOTHESIS_EXAMPLES)
+    cases = [(f"generated/{i}: {json.dumps(change)[:200]}", document(spec_with(change), f"g{i}", namespace))
+             for i, change in enumerate(changes)]
+    verdicts = judge(cases, kube_api, tmp_path)
+    assert disagreements(verdicts) == []
+    # The generator reaches both sides of the line, not only one.
+    accepted = sum(v.apiserver_ok for v in verdicts)
+    assert 10 <= accepted <= len(verdicts) - 10, accepted
+
+
+def test_a_spec_over_256_kib_is_served_and_kopf_keeps_only_a_digest(cluster, kube_api, operator, namespace):
+    """A spec whose pass-through objects take it over 256 KiB (the bounds keep every typed
+    field under 120 KiB) is admitted; the operator handles it instead of failing to write
+    kopf's bookkeeping (422) forever."""
+    doc = document(spec_over(300 * 1024), "big", namespace)
+    done = kubectl(cluster, "apply", "--server-side", "-f", "-", input=yaml.safe_dump(doc))
+    assert "serverside-applied" in done.stdout
+
+    from .conftest import wait_for
+
+    def handled() -> Optional[dict]:
+        sds = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(C.GROUP, C.VERSION, namespace, C.PLURAL, "big")
+        annotations = sds["metadata"].get("annotations") or {}
+        kopf_done = any(k.endswith("last-handled-configuration") for k in annotations)
+        return sds if (sds.get("status") or {}).get("phase") and kopf_done else None
+
+    sds = wait_for(handled, 60, "the big service to get a phase and kopf's bookkeeping")
+    annotations = sds["metadata"].get("annotations") or {}
+    kopf_bytes = sum(len(k) + len(v) for k, v in annotations.items() if k.startswith(C.ANNOTATION_PREFIX))
+    assert kopf_bytes < 2048, {k: len(v) for k, v in annotations.items()}

@@ -1,0 +1,141 @@
+"""A corpus of SpecDecodeService specs, broken and valid, shared by the unit tests (Python's
+verdict and message) and the e2e test that puts each one through the real apiserver too: the
+two verdicts must agree case by case.
+
+A case is (id, change, field, words): `change` updates a minimal valid spec; for a broken case
+`field` is the path the message must start with and `words` what it must say; a valid case has
+`field` None.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = sorted((REPO / "manifests" / "samples").glob("*.yaml"))
+
+MINIMAL_SPEC: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-7B-Instruct"}, "speculation": {"method": "ngram"}}
+
+Case = tuple[str, dict[str, Any], Optional[str], Optional[str]]
+
+
+def _ngram(**fields: Any) -> dict[str, Any]:
+    return {"speculation": {"method": "ngram", **fields}}
+
+
+# Every CEL rule's violation, the fields' own bounds and types, and unknown fields.
+BROKEN: list[Case] = [
+    ("draft-not-used", {"speculation": {"method": "ngram", "draftModel": "x"}}, "spec.speculation", "draftModel is not used"),
+    ("eagle3-no-draft", {"speculation": {"method": "eagle3"}}, "spec.speculation", "draftModel is required"),
+    ("draft-model-no-draft", {"speculation": {"method": "draft_model"}}, "spec.speculation", "draftModel is required"),
+    ("mink-above-maxk", _ngram(minK=5, maxK=2, numSpeculativeTokens=3), "spec.speculation", "minK must not exceed maxK"),
+    ("k-outside-bounds", _ngram(numSpeculativeTokens=9), "spec.speculation", "within [minK, maxK]"),
+    ("ngram-window-inverted", _ngram(ngram={"promptLookupMin": 6, "promptLookupMax": 3}), "spec.speculation.ngram", "promptLookupMin must not exceed"),
+    ("ngram-settings-for-mtp", {"speculation": {"method": "mtp", "ngram": {"promptLookupMax": 3}}}, "spec.speculation", "ngram settings apply to method ngram only"),
+    ("heterogeneous-vocab-eagle", {"speculation": {"method": "eagle", "draftModel": "h", "useHeterogeneousVocab": True}}, "spec.speculation", "useHeterogeneousVocab works with method draft_model only"),
+    ("ranges-not-from-1", _ngram(perBatchSizeK=[{"minBatchSize": 2, "maxBatchSize": 8, "k": 2}]), "spec.speculation", "starting at minBatchSize 1"),
+    ("ranges-overlap", _ngram(perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 4}, {"minBatchSize": 8, "maxBatchSize": 64, "k": 2}]), "spec.speculation", "must not overlap"),
+    ("range-k-above-maxk", _ngram(perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 12}]), "spec.speculation", "must not exceed maxK"),
+    ("range-inverted", _ngram(perBatchSizeK=[{"minBatchSize": 9, "maxBatchSize": 8, "k": 1}]), "spec.speculation.perBatchSizeK[0]", "minBatchSize must not exceed maxBatchSize"),
+    ("draft-tp", {"speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 2}, "resources": {"gpus": 4}}, "spec", "draftTensorParallelSize must be 1 or the target's"),
+    ("tp-above-gpus", {"engine": {"tensorParallelSize": 8}, "resources": {"gpus": 2}}, "spec", "tensorParallelSize must not exceed resources.gpus"),
+    ("extra-args-speculative-config", {"engine": {"extraArgs": ["--speculative-config", "{}"]}}, "spec.engine", "must not carry speculative flags"),
+    ("extra-args-legacy-flag", {"engine": {"extraArgs": ["--num-speculative-tokens=3"]}}, "spec.engine", "must not carry speculative flags"),
+    ("extra-args-port", {"engine": {"extraArgs": ["--port=9000"]}}, "spec.engine", "must not carry speculative flags or --port"),
+    ("rollout-stuck", {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}, "spec.rollout", "cannot both be 0"),
+    ("pvc-without-claim", {"modelCache": {"type": "PersistentVolumeClaim"}}, "spec.modelCache", "claimName is required"),
+    # Durations: the pattern, and zero where zero disables the control loop.
+    ("duration-words", {"autotune": {"cooldown": "ten minutes"}}, "spec.autotune.cooldown", "should match pattern"),
+    ("window-zero", {"autotune": {"window": "0s"}}, "spec.autotune.window", "must be longer than 0"),
+    ("evaluation-interval-zero", {"autotune": {"evaluationInterval": "0m"}}, "spec.autotune.evaluationInterval", "must be longer than 0"),
+    ("scrape-interval-zero", {"metrics": {"scrapeInterval": "0ms"}}, "spec.metrics.scrapeInterval", "must be longer than 0"),
+    ("scrape-interval-zero-sum", {"metrics": {"scrapeInterval": "0h0m0s"}}, "spec.metrics.scrapeInterval", "must be longer than 0"),
+    ("scrape-interval-below-a-nanosecond", {"metrics": {"scrapeInterval": "0.0000000001ms"}}, "spec.metrics.scrapeInterval", "must be longer than 0"),
+    ("startup-timeout-zero", {"rollout": {"startupTimeout": "0s"}}, "spec.rollout.startupTimeout", "must be longer than 0"),
+    ("slo-zero", {"autotune": {"slo": {"p95EndToEnd": "0s"}}}, "spec.autotune.slo.p95EndToEnd", "must be longer than 0"),
+    ("window-overflows", {"autotune": {"window": "9999999999999h"}}, "spec.autotune.window", "too long"),
+    # Prometheus label names in the metrics selector.
+    ("selector-name-label", {"metrics": {"selector": {"__name__": "up"}}}, "spec.metrics.selector", "Prometheus label names"),
+    ("selector-reserved-label", {"metrics": {"selector": {"__meta_x": "y"}}}, "spec.metrics.selector", "Prometheus label names"),
+    ("selector-dash", {"metrics": {"selector": {"gpu-pool": "east"}}}, "spec.metrics.selector", "Prometheus label names"),
+    ("selector-digit-first", {"metrics": {"selector": {"1zone": "a"}}}, "spec.metrics.selector", "Prometheus label names"),
+    ("selector-empty-key", {"metrics": {"selector": {"": "a"}}}, "spec.metrics.selector", "Prometheus label names"),
+    # Bounds.
+    ("mode-unknown", {"autotune": {"mode": "Aggressive"}}, "spec.autotune.mode", "must be 'Auto', 'Recommend' or 'Off'"),
+    ("replicas-negative", {"replicas": -1}, "spec.replicas", "greater than or equal to 0"),
+    ("replicas-above-ceiling", {"replicas": 1024}, "spec.replicas", "less than or equal to 256"),
+    ("k-above-16", _ngram(maxK=17), "spec.speculation.maxK", "less than or equal to 16"),
+    ("floor-above-1", {"autotune": {"acceptanceFloor": 1.5}}, "spec.autotune.acceptanceFloor", "less than or equal to 1"),
+    ("gpu-memory-zero", {"engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization", "greater than 0"),
+    ("model-name-empty", {"model": {"name": ""}}, "spec.model.name", "at least 1 character"),
+    ("model-name-huge", {"model": {"name": "m" * 513}}, "spec.model.name", "at most 512 characters"),
+    ("extra-arg-huge", {"engine": {"extraArgs": ["--chat-template=" + "x" * 2000]}}, "spec.engine.extraArgs", "at most 1024 characters"),
+    ("extra-args-too-many", {"engine": {"extraArgs": ["--enforce-eager"] * 33}}, "spec.engine.extraArgs", "at most 32 items"),
+    ("env-value-huge", {"engine": {"env": [{"name": "A", "value": "v" * 600}]}}, "spec.engine.env[0].value", "at most 512 characters"),
+    ("env-too-many", {"engine": {"env": [{"name": f"V{i}", "value": "1"} for i in range(33)]}}, "spec.engine.env", "at most 32 items"),
+    ("pod-label-value-long", {"pod": {"labels": {"team": "t" * 64}}}, "spec.pod.labels", "at most 63 characters"),
+    ("pod-label-key-long", {"pod": {"labels": {"k" * 318: "v"}}}, "spec.pod.labels", "at most 317 characters"),
+    ("pod-annotations-too-many", {"pod": {"annotations": {f"a{i}": "v" for i in range(17)}}}, "spec.pod.annotations", "at most 16 items"),
+    ("pod-annotation-huge", {"pod": {"annotations": {"big": "x" * 300_000}}}, "spec.pod.annotations", "at most 512 characters"),
+    ("node-selector-too-many", {"scheduling": {"nodeSelector": {f"n{i}": "v" for i in range(17)}}}, "spec.scheduling.nodeSelector", "at most 16 items"),
+    ("headers-too-many", {"metrics": {"auth": {"headers": {f"H{i}": "v" for i in range(9)}}}}, "spec.metrics.auth.headers", "at most 8 items"),
+    ("volumes-too-many", {"pod": {"volumes": [{"name": f"v{i}", "emptyDir": {}} for i in range(17)]}}, "spec.pod.volumes", "at most 16 items"),
+    ("prometheus-url-scheme", {"metrics": {"prometheusUrl": "prometheus:9090"}}, "spec.metrics.prometheusUrl", "should match pattern"),
+    # Types and unknown fields.
+    ("k-not-a-number", _ngram(numSpeculativeTokens="three"), "spec.speculation.numSpeculativeTokens", "valid integer"),
+    ("replicas-float", {"replicas": 1.5}, "spec.replicas", "valid integer"),
+    ("extra-args-not-a-list", {"engine": {"extraArgs": "--enforce-eager"}}, "spec.engine.extraArgs", "valid list"),
+    ("selector-value-number", {"metrics": {"selector": {"zone": 3}}}, "spec.metrics.selector.zone", "valid string"),
+    ("engine-not-an-object", {"engine": "vllm"}, "spec.engine", "valid dictionary"),
+    ("unknown-field-misspelled", _ngram(maxk=4), "spec.speculation.maxk", "is not a field"),
+    ("unknown-field-top", {"gpus": 2}, "spec.gpus", "is not a field"),
+    ("model-missing-name", {"model": {}}, "spec.model.name", "is required"),
+]
+
+# Specs the apiserver and `specdecode validate` must both accept: edges of the bounds, and
+# blocks that leave out fields a CEL rule reads (an engine block without extraArgs).
+VALID: list[Case] = [
+    ("minimal", {}, None, None),
+    ("engine-without-extra-args", {"engine": {"version": "0.33.0", "gpuMemoryUtilization": 0.9}}, None, None),
+    ("engine-image-only", {"engine": {"image": "vllm/vllm-openai:v0.33.0-cu130"}}, None, None),
+    ("speculation-tp-without-engine", {"speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 1}}, None, None),
+    ("durations-small", {"autotune": {"window": "1ms", "evaluationInterval": "0.5s"}, "metrics": {"scrapeInterval": "0.000001ms"}}, None, None),
+    ("zero-where-zero-means-none", {"autotune": {"warmup": "0s", "cooldown": "0s"}}, None, None),
+    ("selector-valid", {"metrics": {"selector": {"cluster": "gpu-east", "_private": "x", "Zone9": "\"quoted\"\n"}}}, None, None),
+    ("replicas-zero", {"replicas": 0}, None, None),
+    ("replicas-ceiling", {"replicas": 256}, None, None),
+    ("extra-args-at-bound", {"engine": {"extraArgs": ["--a=" + "x" * 1020] * 32}}, None, None),
+    ("pod-labels-at-bound", {"pod": {"labels": {f"k{i:02d}" + "k" * 314: "v" * 63 for i in range(16)}}}, None, None),
+]
+
+
+def spec_with(change: dict[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(MINIMAL_SPEC)
+    spec.update(copy.deepcopy(change))
+    return spec
+
+
+def document(spec: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.specdecode.io/v1alpha1",
+        "kind": "SpecDecodeService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def sample_documents() -> list[tuple[str, dict[str, Any]]]:
+    """The shipped samples, as (file name, document)."""
+    return [(path.name, yaml.safe_load(path.read_text())) for path in SAMPLES]
+
+
+def spec_over(size_bytes: int) -> dict[str, Any]:
+    """A spec larger than `size_bytes` of JSON with every typed field within its bounds: only
+    the pass-through Kubernetes objects (here pod.volumes) can carry that much. Valid: kopf
+    keeps a digest of it, not a copy, so nothing overflows the annotations."""
+    items = [{"key": f"k{j}", "path": "p" * 200} for j in range(size_bytes // (16 * 220) + 1)]
+    return spec_with({"pod": {"volumes": [{"name": f"v{i}", "configMap": {"name": "c", "items": items}} for i in range(16)]}})
