@@ -16,7 +16,8 @@ from typing import Any, Optional
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLES = sorted((REPO / "manifests" / "samples").glob("*.yaml"))
+# The SpecDecodeService samples (their kustomization.yaml and prerequisites/ beside them).
+SAMPLES = sorted(p for p in (REPO / "manifests" / "samples").glob("*.yaml") if p.name != "kustomization.yaml")
 
 MINIMAL_SPEC: dict[str, Any] = {"model": {"name": "Qwen/Qwen2.5-7B-Instruct"}, "speculation": {"method": "ngram"}}
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ..spec_corpus import SAMPLES  # noqa: F401  (the one list of samples, for the unit tests too)
+
 REPO = Path(__file__).resolve().parents[2]
-# The SpecDecodeService samples (their kustomization.yaml and prerequisites/ beside them).
-SAMPLES = sorted(p for p in (REPO / "manifests" / "samples").glob("*.yaml") if p.name != "kustomization.yaml")
 
 # The Kubernetes version whose OpenAPI schemas rendered objects must satisfy: the one the
 # local control plane runs.
