@@ -33,6 +33,9 @@ ROLLOUT_TIMEOUT = 90
 def sample_in(namespace: str, name: str = "llama", **spec_changes) -> dict:
     doc = yaml.safe_load(SAMPLE.read_text())
     doc["metadata"] = {"name": name, "namespace": namespace}
+    # The sample mounts the claim its kustomization makes (test_samples covers that path);
+    # here the weights "download" into an emptyDir, so no PersistentVolume is needed.
+    doc["spec"]["modelCache"]["type"] = "EmptyDir"
     doc["spec"].update(copy.deepcopy(spec_changes))
     return doc
 

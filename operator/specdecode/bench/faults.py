@@ -358,9 +358,11 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
 
         def start_operator(env: Optional[dict] = None):
             operator_stack.close()
+            # The services name the stack's Prometheus, as a platform allows it.
             return operator_stack.start_operator(prometheus_url="http://127.0.0.1:9",
                                                  reconcile_interval_s=RECONCILE_INTERVAL_S,
-                                                 evaluation_tick_s=EVALUATION_TICK_S, env=env)
+                                                 evaluation_tick_s=EVALUATION_TICK_S, env=env,
+                                                 extra_args=("--allowed-prometheus-urls", prometheus.url))
 
         operator = start_operator()
         manifests = [service_manifest(i, prometheus.url) for i in range(SERVICES)]
