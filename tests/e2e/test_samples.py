@@ -17,6 +17,7 @@ import yaml
 from specdecode import constants as C
 from specdecode.localstack import ClusterInfo
 
+from ..spec_corpus import SAMPLES
 from .conftest import wait_for
 from .operator_harness import kubectl
 
@@ -25,9 +26,7 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES_DIR = REPO / "manifests" / "samples"
 NAMESPACE = "inference"
-SAMPLE_FILES = sorted(p for p in SAMPLES_DIR.glob("*.yaml") if p.name != "kustomization.yaml")
-# The apiserver refuses this sample until the CEL fix on branch issue-18a is merged.
-CEL_EXTRA_ARGS_ERROR = "no such key: extraArgs"
+SAMPLE_FILES = SAMPLES  # the shipped SpecDecodeService samples
 
 
 def _standin_volume(tmp_path: Path) -> str:
@@ -66,8 +65,6 @@ def _name(path: Path) -> str:
 @pytest.mark.parametrize("sample", SAMPLE_FILES, ids=lambda p: p.stem)
 def test_every_sample_applies_and_reaches_serving(cluster: ClusterInfo, applied, sample):
     name = _name(sample)
-    if any(CEL_EXTRA_ARGS_ERROR in line and f'"{name}"' in line for line in applied["stderr"].splitlines()):
-        pytest.xfail(f"the apiserver refuses {sample.name}: {CEL_EXTRA_ARGS_ERROR} (fixed on branch issue-18a)")
     assert f"specdecodeservice.serving.specdecode.io/{name} serverside-applied" in applied["stdout"], applied
 
     claim = json.loads(kubectl(cluster, "get", "pvc", "hf-model-cache", "-n", NAMESPACE, "-o", "json").stdout)
