@@ -913,48 +913,12 @@ def steady_state(
 
     lam = workload.request_rate / n_rep
     s = _solve(params, k, lam, prompt, n, context, kv_per_seq, batch_cap, kv_cap)
-    step = s.step_time
-    capacity = s.capacity_per_replica * n_rep
-    throughput = min(workload.request_rate, capacity)
-
-    # Admission waits for the next step boundary: half a step on average.
-    ttft = step * (0.5 + prefill_steps)
-    service = ttft + decode_steps * step
-    decode_share = decode_steps * step / service if service > 0 else 0.0
-    service_cv = math.hypot(params.output_tokens_cv, params.tpot_cv) * decode_share
-    tpot = step / e
-    tpot_cv = _tpot_cv(params, alpha, k, decay, decode_steps)
-    if s.saturated:
-        e2e = e2e_p95 = math.inf
-    else:
-        e2e = service
-        e2e_p95 = _lognormal_quantile(service, service_cv, 0.95)
-    return SteadyState(
-        k=k,
-        alpha=alpha,
-        tokens_per_step=e,
-        acceptance_rate=acceptance_rate(alpha, k, decay),
-        mean_accepted_length=mean_accepted_length(alpha, k, decay),
-        batch=s.batch,
-        batch_cap=batch_cap,
-        step_time_s=step,
-        tpot_s=tpot,
-        tpot_p95_s=_lognormal_quantile(tpot, tpot_cv, 0.95),
-        tpot_cv=tpot_cv,
-        ttft_s=ttft,
-        service_s=service,
-        service_cv=service_cv,
-        e2e_s=e2e,
-        e2e_p95_s=e2e_p95,
-        capacity_rps=capacity,
-        utilization=workload.request_rate / capacity if capacity > 0 else math.inf,
-        throughput_rps=throughput,
-        generation_tokens_per_s=throughput * out,
-        kv_usage=s.kv_usage,
-        preemptions_per_s=throughput * s.preemptions_per_request,
-        queue_growth_rps=max(0.0, workload.request_rate - capacity) if s.saturated else 0.0,
-        saturated=s.saturated,
-        replicas=n_rep,
+    return _serving(
+        params, workload, k, alpha, e, s.step_time, prefill_steps, decode_steps, batch=s.batch, batch_cap=batch_cap,
+        capacity=s.capacity_per_replica * n_rep, kv_usage=s.kv_usage, preemptions_per_request=s.preemptions_per_request,
+        saturated=s.saturated, replicas=n_rep, tpot_k=k,
+        acceptance_rate=acceptance_rate(alpha, k, decay), mean_accepted_length=mean_accepted_length(alpha, k, decay),
+        decay=decay,
     )
 
 
@@ -1119,29 +1083,45 @@ def _schedule_steady_state(
     accepted = e - 1.0
     main_k = max(shares, key=lambda item: item[1])[0]
     decode_steps = max(0.0, out - 1.0) / e
-    capacity = capacity_1 * n_rep
+    usage = min(1.0, batch * shape.kv_per_seq / shape.kv_cap)
+    return _serving(
+        params, workload, schedule, alpha, e, step, prefill_steps, decode_steps, batch=batch,
+        batch_cap=shape.batch_cap, capacity=capacity_1 * n_rep, kv_usage=usage,
+        preemptions_per_request=_preemptions_per_request(params, usage), saturated=saturated,
+        replicas=n_rep, tpot_k=main_k, acceptance_rate=accepted / drafted if drafted > 0 else 0.0,
+        mean_accepted_length=accepted / drafting if drafting > 0 else 0.0, decay=decay, step_mix=shares,
+    )
+
+
+def _serving(params, workload, config, alpha: float, e: float, step: float, prefill_steps: float,
+             decode_steps: float, *, batch: float, batch_cap: float, capacity: float, kv_usage: float,
+             preemptions_per_request: float, saturated: bool, replicas: int, tpot_k: int,
+             acceptance_rate: float, mean_accepted_length: float, decay: float,
+             step_mix: tuple = ()) -> "SteadyState":
+    """The steady state of replicas that run `step`-second steps emitting `e` tokens each: the
+    latencies, rates and their spread, the same for a plain K and a per-batch-size schedule."""
+    out = workload.output_tokens
     throughput = min(workload.request_rate, capacity)
+    # Admission waits for the next step boundary: half a step on average.
     ttft = step * (0.5 + prefill_steps)
     service = ttft + decode_steps * step
     decode_share = decode_steps * step / service if service > 0 else 0.0
     service_cv = math.hypot(params.output_tokens_cv, params.tpot_cv) * decode_share
     tpot = step / e
-    tpot_cv = _tpot_cv(params, alpha, main_k, decay, decode_steps)
-    usage = min(1.0, batch * shape.kv_per_seq / shape.kv_cap)
-    preemptions = _preemptions_per_request(params, usage)
+    tpot_cv = _tpot_cv(params, alpha, tpot_k, decay, decode_steps)
     if saturated:
         e2e = e2e_p95 = math.inf
     else:
         e2e = service
         e2e_p95 = _lognormal_quantile(service, service_cv, 0.95)
     return SteadyState(
-        k=schedule,  # type: ignore[arg-type]
+        k=config,
         alpha=alpha,
         tokens_per_step=e,
-        acceptance_rate=accepted / drafted if drafted > 0 else 0.0,
-        mean_accepted_length=accepted / drafting if drafting > 0 else 0.0,
+        acceptance_rate=acceptance_rate,
+        mean_accepted_length=mean_accepted_length,
         batch=batch,
-        batch_cap=shape.batch_cap,
+        batch_cap=batch_cap,
         step_time_s=step,
         tpot_s=tpot,
         tpot_p95_s=_lognormal_quantile(tpot, tpot_cv, 0.95),
@@ -1155,12 +1135,12 @@ def _schedule_steady_state(
         utilization=workload.request_rate / capacity if capacity > 0 else math.inf,
         throughput_rps=throughput,
         generation_tokens_per_s=throughput * out,
-        kv_usage=usage,
-        preemptions_per_s=throughput * preemptions,
+        kv_usage=kv_usage,
+        preemptions_per_s=throughput * preemptions_per_request,
         queue_growth_rps=max(0.0, workload.request_rate - capacity) if saturated else 0.0,
         saturated=saturated,
-        replicas=n_rep,
-        step_mix=shares,
+        replicas=replicas,
+        step_mix=step_mix,
     )
 
 
