@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from specdecode.scenario import Scenario, parse_duration
+from specdecode import timestamps
 
 # Autotune settings that make the control loop visible within minutes instead of hours: a
 # short window and warm-up, a cooldown and re-probe that fit a compressed scenario, and a
@@ -168,17 +169,6 @@ def scenario_now(scenario: Scenario, events: Sequence[ScenarioEvent], t: float) 
 # --------------------------------------------------------------------------- the timeline
 
 
-def parse_time(value: Optional[str]) -> Optional[datetime]:
-    """An RFC 3339 timestamp as an aware datetime (None when absent or unreadable)."""
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or value is None:
         return None
@@ -285,7 +275,7 @@ class Decision:
 
 
 def decision_from_record(record: Mapping[str, Any], started_at: datetime) -> Optional[Decision]:
-    when = parse_time(record.get("time"))
+    when = timestamps.parse_optional(record.get("time"))
     if when is None or not record.get("action"):
         return None
     return Decision(

@@ -16,6 +16,7 @@ from . import api
 from . import constants as C
 from . import fallback, metrics, policy
 from . import status as st
+from . import timestamps
 
 DEFAULT_RESTART_S = 180.0
 # A model download on a pod start with an empty cache: a 7-8B model (about 16 GB in bf16) at
@@ -34,7 +35,7 @@ class EvaluationResult:
 
 
 def _epoch(text: Optional[str]) -> Optional[float]:
-    return st.parse_rfc3339(text).timestamp() if text else None
+    return timestamps.epoch_seconds(text) if text else None
 
 
 def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, now: datetime,
@@ -133,7 +134,7 @@ def apply_decision(
             epoch,
         )
         observations = api.Observations.model_validate(
-            {**observation.to_status(), "observedAt": st.rfc3339(now),
+            {**observation.to_status(), "observedAt": timestamps.rfc3339(now),
              "recentLowAlpha": None if low is None else round(low, 4)}
         )
 
@@ -158,7 +159,7 @@ def apply_decision(
             enabled=decision.enabled,
             method=spec.speculation.method.value,
             k=decision.k if decision.enabled else None,
-            since=st.rfc3339(now),
+            since=timestamps.rfc3339(now),
             reason=decision.reason[:1024],
             live=False,
             spec_hash=st.declared_speculation_hash(spec),

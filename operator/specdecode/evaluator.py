@@ -29,6 +29,7 @@ from . import status as st
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
+from . import timestamps
 
 ReaderFactory = Callable[[metrics.PrometheusAccess], metrics.PrometheusReader]
 
@@ -117,7 +118,7 @@ class Evaluator:
             # only when it changes, so this may be older: one early evaluation, no harm).
             times = [t for t in (status.recommendation.at if status.recommendation else None,
                                  status.observations.observed_at if status.observations else None) if t]
-            last = max(st.parse_rfc3339(t).timestamp() for t in times) if times else None
+            last = max(timestamps.epoch_seconds(t) for t in times) if times else None
         return last is None or now.timestamp() - last >= interval - 1e-6
 
     def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec,

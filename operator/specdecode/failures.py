@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from . import api
 from . import constants as C
+from . import timestamps
 from . import vllm_support as vs
 from .redaction import redact
 
@@ -818,21 +819,6 @@ class PodFailure:
     message: str = ""
 
 
-def _parse_time(value: Any) -> Optional[datetime]:
-    """An RFC 3339 timestamp as the API returns it (or a datetime, as the typed client
-    gives), timezone-aware; None when absent or malformed."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        moment = value
-    else:
-        try:
-            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
 def _ready(status: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
@@ -970,9 +956,9 @@ def _startup_timeout(
     status = pod.get("status") or {}
     cs = _main_container(_container_statuses(status))
     state = (cs or {}).get("state") or {}
-    running_since = _parse_time((state.get("running") or {}).get("startedAt"))
+    running_since = timestamps.parse_optional((state.get("running") or {}).get("startedAt"))
     # A restarted container gets its own full deadline: a second slow load is not a hang.
-    since = running_since or _parse_time(status.get("startTime")) or _parse_time(metadata.get("creationTimestamp"))
+    since = running_since or timestamps.parse_optional(status.get("startTime")) or timestamps.parse_optional(metadata.get("creationTimestamp"))
     if since is None:
         return None
     current = now if now.tzinfo else now.replace(tzinfo=timezone.utc)

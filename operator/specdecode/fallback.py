@@ -24,6 +24,7 @@ from . import constants as C
 from . import status as st
 from .failures import Diagnosis, PodFailure
 from .render import SpeculationChoice
+from . import timestamps
 
 STARTUP_FAILURE_PREFIX = "startup failure: "
 
@@ -54,7 +55,7 @@ def active_failures(
     for failed in status.failed_configs:
         if failed.spec_generation != generation:
             continue  # the spec changed: the user may have fixed it
-        if not failed.classified and (now - st.parse_rfc3339(failed.at)).total_seconds() >= retry_s:
+        if not failed.classified and (now - timestamps.parse_rfc3339(failed.at)).total_seconds() >= retry_s:
             continue
         keep.append(failed)
     return keep
@@ -104,7 +105,7 @@ def apply_startup_failure(
     if choice.enabled and diagnosis.speculation_related and not already:
         record = api.FailedConfig(
             config_hash=config_hash, k=choice.k, spec_generation=generation or 0, cause=cause,
-            message=(diagnosis.line or failure.detail)[:2048], at=st.rfc3339(now), classified=diagnosis.classified,
+            message=(diagnosis.line or failure.detail)[:2048], at=timestamps.rfc3339(now), classified=diagnosis.classified,
         )
         updates["failed_configs"] = [*status.failed_configs, record][-16:]
 
@@ -112,11 +113,11 @@ def apply_startup_failure(
         conds = st.set_condition(conds, C.COND_SPECULATION_EFFECTIVE, False, C.REASON_STARTUP_FAILURE, message, now, generation)
         conds = st.set_condition(conds, C.COND_DEGRADED, False, "AsExpected", "", now, generation)
         updates["speculation"] = api.EffectiveSpeculation(
-            enabled=False, method=spec.speculation.method.value, since=st.rfc3339(now),
+            enabled=False, method=spec.speculation.method.value, since=timestamps.rfc3339(now),
             reason=f"{STARTUP_FAILURE_PREFIX}{cause}"[:1024], live=False, spec_hash=st.declared_speculation_hash(spec),
         )
         history = [*status.history, api.DecisionRecord(
-            time=st.rfc3339(now), action="fallback", from_k=choice.k, to_k=None, applied=True,
+            time=timestamps.rfc3339(now), action="fallback", from_k=choice.k, to_k=None, applied=True,
             reason=f"pods of {choice.describe(spec.speculation.method.value)} cannot start: {cause}"[:1024],
         )]
         updates["history"] = history[-C.MAX_DECISION_HISTORY:]

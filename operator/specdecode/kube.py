@@ -23,6 +23,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from . import constants as C
+from . import timestamps
 from .instrumentation import API_WRITES
 from .redaction import redact
 
@@ -204,7 +205,7 @@ class Kube:
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> None:
         """A core/v1 Event about a SpecDecodeService (what `kubectl describe sds` shows)."""
         meta = owner["metadata"]
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = timestamps.rfc3339(now)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
             involved_object=client.V1ObjectReference(

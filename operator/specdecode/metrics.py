@@ -51,6 +51,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from specdecode import constants, promql
+from specdecode import timestamps
 from specdecode.promql import PromQLRules, Sample
 
 # --- vLLM metric names (0.33, V1 engine; REFERENCE.md) --------------------------------------
@@ -419,9 +420,7 @@ class Observation:
         spec = self.speculation
         pods = self.pods if self.pods > 0 else None
         fields: dict[str, Any] = {
-            "observedAt": datetime.fromtimestamp(self.evaluated_at, tz=timezone.utc).strftime(
-                "%Y-%m-%dT%H:%M:%SZ"
-            ),
+            "observedAt": timestamps.rfc3339(self.evaluated_at),
             "configHash": self.key.config_hash or None,
             "window": promql.format_duration(self.window_s),
             "pods": pods,

@@ -108,7 +108,7 @@ from datetime import datetime, timezone
 from enum import Enum, StrEnum
 from typing import Any, Iterable, Mapping, Sequence
 
-from specdecode import constants, perfmodel
+from specdecode import constants, perfmodel, timestamps
 from specdecode.metrics import Observation
 from specdecode.perfmodel import OFF, EngineParams, Workload
 
@@ -447,7 +447,7 @@ class HistoryEntry:
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "time": format_time(self.time),
+            "time": timestamps.rfc3339(self.time),
             "action": self.action.value,
             "applied": self.applied,
             "reason": self.reason[:1024],
@@ -466,7 +466,7 @@ class HistoryEntry:
     def from_status(cls, record: Mapping[str, Any]) -> "HistoryEntry":
         """Parse one status.history record (camelCase wire form)."""
         return cls(
-            time=parse_time(record["time"]),
+            time=timestamps.epoch_seconds(record["time"]),
             action=Action(record["action"]) if record["action"] in _ACTIONS else Action.SET_K,
             from_k=record.get("fromK"),
             to_k=record.get("toK"),
@@ -592,7 +592,7 @@ class Decision:
             "action": self.action.value,
             "enabled": self.enabled,
             "reason": self.reason[:2048],
-            "at": format_time(now),
+            "at": timestamps.rfc3339(now),
         }
         if self.enabled and self.k is not None:
             out["k"] = self.k
@@ -600,24 +600,6 @@ class Decision:
         if speedup is not None and math.isfinite(speedup):
             out["predictedSpeedup"] = round(speedup, 3)
         return out
-
-
-# --------------------------------------------------------------------------------------------
-# Time helpers (pure)
-# --------------------------------------------------------------------------------------------
-
-
-def format_time(epoch_s: float) -> str:
-    """RFC 3339 UTC, second precision (what Kubernetes status timestamps use)."""
-    return datetime.fromtimestamp(epoch_s, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> float:
-    """Seconds since the epoch from an RFC 3339 timestamp."""
-    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.timestamp()
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,14 +14,7 @@ from typing import Any, Iterable, Optional
 from . import api
 from . import constants as C
 from .render import SpeculationChoice, stable_hash
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+from .timestamps import rfc3339
 
 
 # ---------------------------------------------------------------------------------------------

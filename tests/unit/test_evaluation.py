@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from specdecode import api, constants as C, evaluation, policy
 from specdecode import status as st
 from specdecode.perfmodel import Workload
+from specdecode.timestamps import rfc3339
 
 from .test_policy import observe
 
@@ -20,8 +21,8 @@ def _spec(mode: str = "Auto") -> api.SpecDecodeServiceSpec:
 
 def _status(spec, k=3, enabled=True) -> api.SpecDecodeServiceStatus:
     return api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
-        enabled=enabled, k=k if enabled else None, method="ngram", since=st.rfc3339(T0 - timedelta(hours=1)),
-        live_since=st.rfc3339(T0 - timedelta(minutes=59)), config_hash="abc", live=True,
+        enabled=enabled, k=k if enabled else None, method="ngram", since=rfc3339(T0 - timedelta(hours=1)),
+        live_since=rfc3339(T0 - timedelta(minutes=59)), config_hash="abc", live=True,
         spec_hash=st.declared_speculation_hash(spec)))
 
 
@@ -41,7 +42,7 @@ def test_applied_disable_changes_speculation_and_says_so():
     result = evaluation.apply_decision(status, spec, _decision(), state, None, 1, T0)
     assert result.rerender is True
     assert result.status.speculation.enabled is False and result.status.speculation.k is None
-    assert result.status.speculation.since == st.rfc3339(T0)
+    assert result.status.speculation.since == rfc3339(T0)
     (record,) = result.status.history
     assert (record.action, record.from_k, record.to_k, record.applied) == ("disable", 3, None, True)
     assert result.events[0][1] == C.EVENT_SPECULATION_CHANGED
@@ -87,7 +88,7 @@ def test_history_is_bounded():
 def test_policy_state_comes_from_status():
     spec = _spec()
     status = _status(spec).model_copy(update={
-        "failed_configs": [api.FailedConfig(config_hash="x", spec_generation=1, cause="OutOfMemory", k=5, at=st.rfc3339(T0))],
+        "failed_configs": [api.FailedConfig(config_hash="x", spec_generation=1, cause="OutOfMemory", k=5, at=rfc3339(T0))],
         "observations": api.Observations(config_hash="abc", alpha=0.71),
     })
     state = evaluation.policy_state(status, spec, T0, generation=1)

@@ -19,6 +19,7 @@ from specdecode import status as st
 from specdecode.evaluator import Evaluator
 from specdecode.metrics import ConfigKey
 from specdecode.settings import OperatorSettings
+from specdecode.timestamps import rfc3339
 
 from .test_policy import TRUTH, observe
 
@@ -179,8 +180,8 @@ def _steady_service() -> tuple[dict, int]:
     status = api.SpecDecodeServiceStatus(
         phase="Serving", ready_replicas=1,
         speculation=api.EffectiveSpeculation(
-            enabled=True, k=best, method="draft_model", since=st.rfc3339(T0 - timedelta(hours=2)),
-            live_since=st.rfc3339(T0 - timedelta(hours=2)), config_hash="abc", live=True,
+            enabled=True, k=best, method="draft_model", since=rfc3339(T0 - timedelta(hours=2)),
+            live_since=rfc3339(T0 - timedelta(hours=2)), config_hash="abc", live=True,
             spec_hash=st.declared_speculation_hash(parsed)))
     body = {"apiVersion": "serving.specdecode.io/v1alpha1", "kind": "SpecDecodeService",
             "metadata": {"namespace": "ns", "name": "llama", "generation": 1, "uid": "u"},

@@ -9,6 +9,7 @@ import pytest
 
 from specdecode import api, constants as C, status as st
 from specdecode.render import SpeculationChoice
+from specdecode.timestamps import rfc3339
 
 from .conftest import service_doc
 
@@ -22,10 +23,10 @@ def _spec(**speculation) -> api.SpecDecodeServiceSpec:
 def test_condition_transition_time_moves_only_on_a_flip():
     conds = st.set_condition([], "Ready", True, "A", "one", T0, 1)
     later = st.set_condition(conds, "Ready", True, "B", "two", T0 + timedelta(minutes=5), 2)
-    assert later[0].last_transition_time == st.rfc3339(T0)
+    assert later[0].last_transition_time == rfc3339(T0)
     assert later[0].reason == "B" and later[0].observed_generation == 2
     flipped = st.set_condition(later, "Ready", False, "C", "three", T0 + timedelta(minutes=9), 2)
-    assert flipped[0].last_transition_time == st.rfc3339(T0 + timedelta(minutes=9))
+    assert flipped[0].last_transition_time == rfc3339(T0 + timedelta(minutes=9))
 
 
 def _deployment(replicas=2, updated=2, available=2, ready=2, total=2, generation=3, observed=3, config="abc"):

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 from .. import constants as C
 from .. import crashpoints
 from .live import Target
+from .. import timestamps
 
 NAMESPACE = "specdecode-faults"
 SERVICES = 3
@@ -533,9 +534,8 @@ def operator_stack_log(operator) -> str:
 
 
 def _epoch(text: Optional[str]) -> float:
-    from ..status import parse_rfc3339
 
-    return parse_rfc3339(text).timestamp() if text else 0.0
+    return timestamps.epoch_seconds(text) if text else 0.0
 
 
 def _restart_when_dead(local, components: list, watch_s: float) -> None:
