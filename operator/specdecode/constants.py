@@ -25,6 +25,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_COMPONENT_VALUE = "inference-server"
 LABEL_SERVICE = f"{GROUP}/service"
 LABEL_CONFIG_HASH = f"{GROUP}/config-hash"
+# Pods of a canary experiment; the main Deployment's pods never carry it.
+LABEL_CANARY = f"{GROUP}/canary"
+CANARY_SUFFIX = "-canary"
 
 # Prometheus label names the PodMonitor relabels the pod labels to; all PromQL groups by these.
 PROM_LABEL_SERVICE = "specdecode_service"
@@ -108,3 +111,4 @@ EVENT_RECREATED = "Recreated"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20
+MAX_EXPERIMENT_HISTORY = 10

@@ -328,8 +328,13 @@ def _pod_security(spec: api.SpecDecodeServiceSpec) -> dict[str, Any]:
 
 
 def render_deployment(
-    service: api.SpecDecodeService, choice: SpeculationChoice, owner_uid: Optional[str] = None
+    service: api.SpecDecodeService,
+    choice: SpeculationChoice,
+    owner_uid: Optional[str] = None,
+    replicas: Optional[int] = None,
 ) -> dict[str, Any]:
+    """The main vLLM Deployment; ``replicas`` overrides the spec's while a capacity-neutral
+    canary experiment borrows replicas from it."""
     spec = service.spec
     args = vllm_args(spec, choice)
     digest = config_hash(spec, choice)
@@ -379,7 +384,7 @@ def render_deployment(
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": spec.replicas if replicas is None else replicas,
             "selector": {"matchLabels": selector_labels(service.name)},
             "strategy": {
                 "type": "RollingUpdate",
@@ -391,6 +396,53 @@ def render_deployment(
             "template": {"metadata": {"labels": pod_labels, "annotations": pod_annotations}, "spec": pod_spec},
         },
     }
+
+
+def canary_name(service_name: str) -> str:
+    return f"{service_name}{C.CANARY_SUFFIX}"
+
+
+def canary_borrows_replicas(spec: api.SpecDecodeServiceSpec) -> bool:
+    """Whether an experiment takes its canary's replicas from the main Deployment (capacity-
+    neutral) rather than adding them within the spec's surge budget."""
+    budget = spec.autotune.experiments.max_extra_replicas if spec.rollout.max_surge > 0 else 0
+    return spec.autotune.experiments.replicas > budget
+
+
+def experiment_blocker(spec: api.SpecDecodeServiceSpec) -> Optional[str]:
+    """Why this spec cannot run a canary experiment, naming the field to change; None when it can."""
+    experiments = spec.autotune.experiments
+    if not experiments.enabled:
+        return "spec.autotune.experiments.enabled is false"
+    if canary_borrows_replicas(spec) and spec.replicas <= experiments.replicas:
+        return (
+            f"a capacity-neutral canary of {experiments.replicas} replica(s) needs spec.replicas >= "
+            f"{experiments.replicas + 1} (is {spec.replicas}); or allow extra replicas with "
+            "spec.rollout.maxSurge > 0 and spec.autotune.experiments.maxExtraReplicas"
+        )
+    return None
+
+
+def render_canary(
+    service: api.SpecDecodeService, candidate: SpeculationChoice, owner_uid: Optional[str] = None
+) -> dict[str, Any]:
+    """The canary Deployment of an experiment: the candidate config on its own replicas.
+
+    Its pods carry the service's selector labels, so the Service sends them their share of the
+    same traffic and the PodMonitor scrapes them; their config-hash label keeps their metrics
+    apart. Its own selector adds the canary label, which the main Deployment's pods never carry,
+    so neither Deployment counts or adopts the other's pods.
+    """
+    deployment = render_deployment(service, candidate, owner_uid, replicas=service.spec.autotune.experiments.replicas)
+    deployment["metadata"]["name"] = canary_name(service.name)
+    deployment["metadata"]["labels"] = {**deployment["metadata"]["labels"], C.LABEL_CANARY: "true"}
+    body = deployment["spec"]
+    body["selector"] = {"matchLabels": {**selector_labels(service.name), C.LABEL_CANARY: "true"}}
+    body["template"]["metadata"]["labels"][C.LABEL_CANARY] = "true"
+    # One replica cannot roll: replace it (a canary is never the only server of the traffic).
+    body["strategy"] = {"type": "Recreate"}
+    body["revisionHistoryLimit"] = 1
+    return with_applied_hash(deployment)
 
 
 def render_service(service: api.SpecDecodeService, owner_uid: Optional[str] = None) -> dict[str, Any]:

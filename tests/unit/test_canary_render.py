@@ -1,0 +1,70 @@
+"""The canary Deployment of an experiment: what a user sees with `kubectl get deploy,pods`."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdecode import api
+from specdecode import constants as C
+from specdecode.render import (
+    SpeculationChoice, canary_name, experiment_blocker, render_all, render_canary, render_deployment,
+)
+
+
+def service(**spec_overrides) -> api.SpecDecodeService:
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "ngram", "numSpeculativeTokens": 3},
+        "replicas": 3,
+        **spec_overrides,
+    }
+    return api.parse_service({"apiVersion": C.API_VERSION, "kind": C.KIND,
+                              "metadata": {"name": "llama", "namespace": "team-a"}, "spec": spec})
+
+
+def test_the_canary_runs_the_candidate_on_its_own_replicas_behind_the_same_service():
+    sds = service()
+    canary = render_canary(sds, SpeculationChoice(k=5), owner_uid="uid-1")
+    main = render_deployment(sds, SpeculationChoice(k=3), owner_uid="uid-1")
+    assert canary["metadata"]["name"] == canary_name("llama") == "llama-canary"
+    assert canary["spec"]["replicas"] == 1
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    pod_labels = canary["spec"]["template"]["metadata"]["labels"]
+    service_selector = render_all(sds, SpeculationChoice(k=3))[1]["spec"]["selector"]
+    assert service_selector.items() <= pod_labels.items()  # the Service sends it traffic
+    assert pod_labels[C.LABEL_CONFIG_HASH] != main["spec"]["template"]["metadata"]["labels"][C.LABEL_CONFIG_HASH]
+    assert canary["spec"]["template"]["metadata"]["annotations"][C.ANNOTATION_SPECULATION] == "ngram K=5"
+
+
+def test_the_deployments_select_disjoint_pods():
+    sds = service()
+    canary = render_canary(sds, SpeculationChoice(k=5))
+    main = render_deployment(sds, SpeculationChoice(k=3))
+    main_pod_labels = main["spec"]["template"]["metadata"]["labels"]
+    canary_selector = canary["spec"]["selector"]["matchLabels"]
+    assert not canary_selector.items() <= main_pod_labels.items()
+    assert C.LABEL_CANARY not in main_pod_labels
+
+
+def test_a_capacity_neutral_canary_needs_a_replica_to_borrow():
+    assert experiment_blocker(service(replicas=2).spec) is None
+    message = experiment_blocker(service(replicas=1).spec)
+    assert "spec.replicas >= 2" in message and "maxExtraReplicas" in message
+
+
+def test_a_surge_budget_lets_a_single_replica_service_run_an_extra_canary():
+    spec = service(replicas=1, rollout={"maxSurge": 1, "maxUnavailable": 0},
+                   autotune={"experiments": {"maxExtraReplicas": 1}}).spec
+    assert experiment_blocker(spec) is None
+
+
+def test_experiments_can_be_turned_off_by_the_spec():
+    spec = service(autotune={"experiments": {"enabled": False}}).spec
+    assert experiment_blocker(spec) == "spec.autotune.experiments.enabled is false"
+
+
+def test_the_experiment_settings_default_to_a_capacity_neutral_half_hour_canary():
+    experiments = service().spec.autotune.experiments
+    assert (experiments.replicas, experiments.max_extra_replicas, experiments.max_duration) == (1, 0, "30m")
+    with pytest.raises(api.SpecError, match="spec.autotune.experiments.replicas"):
+        service(autotune={"experiments": {"replicas": 0}})
