@@ -1187,8 +1187,16 @@ class ExperimentRecord(StatusModel):
     )
     effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
     effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
-    windows: int = Field(0, description="Paired evaluation windows measured.", ge=0)
+    windows: int = Field(0, description="Evaluation windows measured.", ge=0)
     requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
+    incumbent_requests: Optional[float] = Field(
+        None, description="Requests the running config's replicas served in the same windows."
+    )
+    paired_windows: int = Field(0, description="Windows with traffic on both sides (the test's sample size).", ge=0)
+    log_ratio_sum: float = Field(
+        0.0, description="Sum over paired windows of log(canary / running time per output token) (resume state)."
+    )
+    log_ratio_sum_squares: float = Field(0.0, description="Sum of their squares (resume state).", ge=0.0)
 
 
 class SpecDecodeServiceStatus(StatusModel):

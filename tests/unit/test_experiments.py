@@ -10,9 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdecode.control.experiments import ArmWindow, PairedWindow, ExperimentSettings, Verdict, judge
+from specdecode.control.experiments import ArmWindow, Evidence, ExperimentSettings, PairedWindow, Verdict, judge
 
 MINUTE = 60.0
+
+
+def judge_all(windows, started_at, now, settings):
+    evidence = Evidence()
+    for window in windows:
+        evidence = evidence.add(window)
+    return judge(evidence, windows[-1] if windows else None, started_at, now, settings)
 
 
 def simulate(effect: float, noise: float, seed: int, settings: ExperimentSettings = ExperimentSettings(),
@@ -20,14 +27,15 @@ def simulate(effect: float, noise: float, seed: int, settings: ExperimentSetting
     """An experiment whose candidate changes time per token by ``effect`` (relative), with
     lognormal window-to-window noise on both arms; returns (verdict, windows used)."""
     rng = random.Random(seed)
-    seen: list[PairedWindow] = []
+    evidence = Evidence()
     outcome = None
     for i in range(windows):
         incumbent = 0.020 * math.exp(rng.gauss(0.0, noise))
         candidate = 0.020 * (1.0 + effect) * math.exp(rng.gauss(0.0, noise))
-        seen.append(PairedWindow(at=MINUTE * (i + 1), candidate=ArmWindow(requests, candidate),
-                                 incumbent=ArmWindow(3 * requests, incumbent)))
-        outcome = judge(seen, 0.0, MINUTE * (i + 1), settings)
+        window = PairedWindow(at=MINUTE * (i + 1), candidate=ArmWindow(requests, candidate),
+                              incumbent=ArmWindow(3 * requests, incumbent))
+        evidence = evidence.add(window)
+        outcome = judge(evidence, window, 0.0, MINUTE * (i + 1), settings)
         if outcome.verdict.final:
             return outcome.verdict, i + 1
     return outcome.verdict, windows
@@ -62,7 +70,7 @@ def test_no_statistical_verdict_before_each_arm_has_the_minimum_of_requests():
     settings = ExperimentSettings(min_requests=1000)
     windows = [PairedWindow(MINUTE * i, ArmWindow(50, 0.010), ArmWindow(150, 0.020 * (1 + 0.001 * i)))
                for i in range(1, 11)]
-    outcome = judge(windows, 0.0, MINUTE * 10, settings)
+    outcome = judge_all(windows, 0.0, MINUTE * 10, settings)
     assert outcome.verdict is Verdict.CONTINUE
     assert "500 of 1000 requests" in outcome.reason
 
@@ -70,7 +78,7 @@ def test_no_statistical_verdict_before_each_arm_has_the_minimum_of_requests():
 def test_an_slo_breach_on_the_canary_aborts_at_once():
     settings = ExperimentSettings(tpot_p95_slo_s=0.050)
     windows = [PairedWindow(MINUTE, ArmWindow(80, 0.018, tpot_p95_s=0.070), ArmWindow(240, 0.020, tpot_p95_s=0.040))]
-    outcome = judge(windows, 0.0, MINUTE, settings)
+    outcome = judge_all(windows, 0.0, MINUTE, settings)
     assert outcome.verdict is Verdict.ABORT_SLO
     assert "70 ms on the canary" in outcome.reason
 
@@ -78,13 +86,13 @@ def test_an_slo_breach_on_the_canary_aborts_at_once():
 def test_a_breach_both_arms_share_is_the_load_not_the_candidate():
     settings = ExperimentSettings(tpot_p95_slo_s=0.050)
     windows = [PairedWindow(MINUTE, ArmWindow(80, 0.018, tpot_p95_s=0.070), ArmWindow(240, 0.020, tpot_p95_s=0.060))]
-    assert judge(windows, 0.0, MINUTE, settings).verdict is Verdict.CONTINUE
+    assert judge_all(windows, 0.0, MINUTE, settings).verdict is Verdict.CONTINUE
 
 
 def test_an_experiment_without_traffic_times_out_and_keeps_the_incumbent():
     idle = [PairedWindow(MINUTE * i, ArmWindow(0, None), ArmWindow(0, None)) for i in range(1, 31)]
-    assert judge(idle, 0.0, MINUTE * 29, ExperimentSettings(max_duration_s=1800)).verdict is Verdict.CONTINUE
-    outcome = judge(idle, 0.0, MINUTE * 30, ExperimentSettings(max_duration_s=1800))
+    assert judge_all(idle, 0.0, MINUTE * 29, ExperimentSettings(max_duration_s=1800)).verdict is Verdict.CONTINUE
+    outcome = judge_all(idle, 0.0, MINUTE * 30, ExperimentSettings(max_duration_s=1800))
     assert outcome.verdict is Verdict.ABORT_TIMEOUT
 
 
@@ -92,9 +100,83 @@ def test_an_experiment_without_traffic_times_out_and_keeps_the_incumbent():
        st.floats(0, 4000))
 def test_the_reported_interval_contains_the_estimate_and_promotion_needs_a_faster_canary(pairs, now):
     windows = [PairedWindow(MINUTE * i, ArmWindow(r, c), ArmWindow(r, inc)) for i, (c, inc, r) in enumerate(pairs, 1)]
-    outcome = judge(windows, 0.0, now, ExperimentSettings())
+    outcome = judge_all(windows, 0.0, now, ExperimentSettings())
     if outcome.effect is not None:
         low, high = outcome.interval
         assert low <= outcome.effect <= high
     if outcome.verdict is Verdict.PROMOTE:
         assert outcome.effect <= -ExperimentSettings().min_effect and outcome.interval[1] < 0
+
+
+# --------------------------------------------------------------------- an experiment's life
+
+
+from specdecode import api  # noqa: E402
+from specdecode import constants as C  # noqa: E402
+from specdecode.control.experiments import Experiment, Purpose, settings_from_spec  # noqa: E402
+from specdecode.metrics import ConfigKey, Observation  # noqa: E402
+
+
+def observation(config_hash: str, tpot: float, requests: float, at: float, tpot_p95: float | None = None) -> Observation:
+    return Observation(
+        key=ConfigKey("team-a", "llama", config_hash), window_s=60.0, evaluated_at=at, newest_sample_at=at,
+        pods=1, speculation=None, requests=requests, e2e_p95_s=None, e2e_mean_s=None, tpot_p95_s=tpot_p95,
+        tpot_mean_s=tpot, step_time_mean_s=None, steps=requests * 100, running=None, waiting=None,
+        kv_cache_usage=None, preemption_rate=None, generation_tps=None, prompt_tps=None,
+    )
+
+
+def run_experiment(effect: float, seed: int, restart_every: int | None = None) -> Experiment:
+    rng = random.Random(seed)
+    settings = ExperimentSettings()
+    experiment = Experiment(Purpose.CHANGE, "ngram K=5", "cand", "inc", started_at=1_000_000.0)
+    now = experiment.started_at
+    for i in range(60):
+        now += MINUTE
+        candidate = observation("cand", 0.020 * (1 + effect) * math.exp(rng.gauss(0, 0.02)), 70, now)
+        incumbent = observation("inc", 0.020 * math.exp(rng.gauss(0, 0.02)), 210, now)
+        experiment = experiment.observe(candidate, incumbent, now, settings)
+        if restart_every and i % restart_every == 0:
+            record = api.ExperimentRecord.model_validate(experiment.to_record().model_dump(by_alias=True))
+            experiment = Experiment.from_record(record)
+        if not experiment.running:
+            break
+    return experiment
+
+
+@pytest.mark.parametrize("effect", [-0.08, 0.0, 0.06])
+def test_an_operator_restarted_every_window_reaches_the_same_verdict_at_the_same_time(effect):
+    for seed in range(20):
+        steady, restarted = run_experiment(effect, seed), run_experiment(effect, seed, restart_every=1)
+        assert (restarted.status_verdict, restarted.evidence.windows) == (steady.status_verdict, steady.evidence.windows)
+        assert restarted.ended_at == steady.ended_at
+
+
+def test_the_status_record_says_how_it_ended_with_the_measured_effect():
+    record = run_experiment(-0.08, seed=1).to_record()
+    assert record.verdict == "Promote"
+    assert record.effect_low <= record.effect <= record.effect_high < 0
+    assert "faster per token" in record.reason and record.ended_at is not None
+
+
+def test_a_missing_canary_arm_is_an_empty_window_not_an_error():
+    experiment = Experiment(Purpose.REPROBE, "ngram K=3", "cand", "inc", started_at=0.0)
+    later = experiment.observe(None, observation("inc", 0.02, 100, 60.0), 60.0, ExperimentSettings())
+    assert later.running and later.evidence.windows == 1 and later.evidence.paired == 0
+
+
+def test_a_cancelled_experiment_is_recorded_as_cancelled():
+    experiment = Experiment(Purpose.CONTROL, "off", "cand", "inc", started_at=0.0).cancel("the spec changed", 120.0)
+    record = experiment.to_record()
+    assert (record.verdict, record.reason, record.ended_at) == ("Cancelled", "the spec changed", "1970-01-01T00:02:00Z")
+
+
+def test_the_spec_sets_the_tests_thresholds_and_its_slo():
+    spec = api.parse_service({
+        "apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "llama", "namespace": "team-a"},
+        "spec": {"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 3},
+                 "autotune": {"slo": {"p95TimePerOutputToken": "50ms"},
+                              "experiments": {"maxDuration": "1h", "minRequests": 500, "minEffectPercent": 5}}},
+    }).spec
+    settings = settings_from_spec(spec)
+    assert (settings.max_duration_s, settings.min_requests, settings.min_effect, settings.tpot_p95_slo_s) == (3600.0, 500.0, 0.05, 0.05)

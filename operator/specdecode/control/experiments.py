@@ -29,9 +29,14 @@ Verdicts:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional
+
+from specdecode import api, timestamps
+
+if TYPE_CHECKING:
+    from specdecode.metrics import Observation
 
 
 class Verdict(StrEnum):
@@ -107,48 +112,73 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class _Summary:
-    n: int
-    mean: float
-    variance: float
+class Evidence:
+    """What an experiment has measured so far: sufficient statistics of the paired log ratios,
+    small enough to live in status, so an operator restarted mid-experiment resumes it."""
+
+    windows: int = 0
+    """Windows seen, with or without traffic on both arms."""
+    paired: int = 0
+    """Windows with traffic on both arms (the test's sample size)."""
+    log_ratio_sum: float = 0.0
+    log_ratio_sum_squares: float = 0.0
+    candidate_requests: float = 0.0
+    incumbent_requests: float = 0.0
+
+    def add(self, window: PairedWindow) -> "Evidence":
+        usable = window.candidate.usable and window.incumbent.usable
+        ratio = math.log(window.candidate.tpot_mean_s / window.incumbent.tpot_mean_s) if usable else 0.0
+        return Evidence(
+            windows=self.windows + 1,
+            paired=self.paired + int(usable),
+            log_ratio_sum=self.log_ratio_sum + ratio,
+            log_ratio_sum_squares=self.log_ratio_sum_squares + ratio * ratio,
+            candidate_requests=self.candidate_requests + max(0.0, window.candidate.requests),
+            incumbent_requests=self.incumbent_requests + max(0.0, window.incumbent.requests),
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.log_ratio_sum / self.paired if self.paired else 0.0
+
+    @property
+    def variance(self) -> float:
+        """The sample variance of the log ratios, inflated by n / (n - 2); infinite below three.
+
+        The sample variance of a handful of windows is often far too small, and the mixture
+        test then calls noise a difference; n / (n - 2) (the variance of a Student t with n
+        degrees of freedom) keeps the false-verdict rate near alpha from the third window on
+        (checked by simulation in tests/unit/test_experiments.py)."""
+        n = self.paired
+        if n < 3:
+            return math.inf
+        squares = max(0.0, self.log_ratio_sum_squares - n * self.mean * self.mean)
+        return squares / (n - 1) * n / (n - 2)
 
 
-def _summary(log_ratios: Sequence[float]) -> _Summary:
-    n = len(log_ratios)
-    mean = sum(log_ratios) / n
-    if n < 3:
-        return _Summary(n, mean, math.inf)
-    # The sample variance of a handful of windows is often far too small, and the mixture
-    # test then calls noise a difference; inflating it by n / (n - 2) (the variance of a
-    # Student t with n degrees of freedom) keeps the false-verdict rate near alpha from the
-    # third window on (checked by simulation in tests/unit/test_experiments.py).
-    variance = sum((x - mean) ** 2 for x in log_ratios) / (n - 1) * n / (n - 2)
-    return _Summary(n, mean, variance)
-
-
-def mixture_likelihood_ratio(summary: _Summary, tau: float) -> float:
+def mixture_likelihood_ratio(evidence: Evidence, tau: float) -> float:
     """The mSPRT statistic for "mean log ratio is 0" against a N(0, tau^2) mixture."""
-    if not math.isfinite(summary.variance):
+    if not math.isfinite(evidence.variance):
         return 1.0
-    variance = max(summary.variance, 1e-12)
-    n, tau2 = summary.n, tau * tau
+    variance = max(evidence.variance, 1e-12)
+    n, tau2, mean = evidence.paired, tau * tau, evidence.mean
     log_ratio = 0.5 * math.log(variance / (variance + n * tau2)) + (
-        n * n * tau2 * summary.mean * summary.mean / (2.0 * variance * (variance + n * tau2))
+        n * n * tau2 * mean * mean / (2.0 * variance * (variance + n * tau2))
     )
     return math.exp(min(log_ratio, 700.0))
 
 
-def confidence_interval(summary: _Summary, tau: float, alpha: float) -> tuple[float, float]:
+def confidence_interval(evidence: Evidence, tau: float, alpha: float) -> tuple[float, float]:
     """Always-valid interval for the mean log ratio: the means the mSPRT would not reject."""
-    if not math.isfinite(summary.variance):
+    if not math.isfinite(evidence.variance):
         return (-math.inf, math.inf)
-    variance = max(summary.variance, 1e-12)
-    n, tau2 = summary.n, tau * tau
+    variance = max(evidence.variance, 1e-12)
+    n, tau2 = evidence.paired, tau * tau
     half_width = math.sqrt(
         variance * (variance + n * tau2) / (n * n * tau2)
         * (math.log((variance + n * tau2) / variance) + 2.0 * math.log(1.0 / alpha))
     )
-    return (summary.mean - half_width, summary.mean + half_width)
+    return (evidence.mean - half_width, evidence.mean + half_width)
 
 
 def _slo_breach(window: PairedWindow, settings: ExperimentSettings) -> Optional[str]:
@@ -166,60 +196,179 @@ def _slo_breach(window: PairedWindow, settings: ExperimentSettings) -> Optional[
     return None
 
 
-def judge(windows: Sequence[PairedWindow], started_at: float, now: float, settings: ExperimentSettings) -> Outcome:
-    """The verdict after ``windows`` (oldest first) of an experiment started at ``started_at``."""
-    usable = [w for w in windows if w.candidate.usable and w.incumbent.usable]
-    candidate_requests = sum(w.candidate.requests for w in windows)
-    incumbent_requests = sum(w.incumbent.requests for w in windows)
+def judge(
+    evidence: Evidence,
+    latest: Optional[PairedWindow],
+    started_at: float,
+    now: float,
+    settings: ExperimentSettings,
+) -> Outcome:
+    """The verdict on ``evidence`` (which already includes ``latest``, the newest window, whose
+    SLOs are checked) of an experiment started at ``started_at``."""
 
-    def outcome(verdict: Verdict, reason: str, summary: Optional[_Summary] = None) -> Outcome:
-        if summary is None or not math.isfinite(summary.variance):
-            return Outcome(verdict, reason, len(windows), candidate_requests, incumbent_requests)
-        low, high = confidence_interval(summary, settings.tau, settings.alpha)
-        return Outcome(
-            verdict, reason, len(windows), candidate_requests, incumbent_requests,
-            effect=math.expm1(summary.mean), interval=(math.expm1(low), math.expm1(high)),
-            evidence=mixture_likelihood_ratio(summary, settings.tau),
+    def outcome(verdict: Verdict, reason: str) -> Outcome:
+        base = Outcome(verdict, reason, evidence.windows, evidence.candidate_requests, evidence.incumbent_requests)
+        if not math.isfinite(evidence.variance):
+            return base
+        low, high = confidence_interval(evidence, settings.tau, settings.alpha)
+        return replace(
+            base, effect=math.expm1(evidence.mean), interval=(math.expm1(low), math.expm1(high)),
+            evidence=mixture_likelihood_ratio(evidence, settings.tau),
         )
 
-    if windows:
-        breach = _slo_breach(windows[-1], settings)
-        if breach:
-            return outcome(Verdict.ABORT_SLO, breach, _summary(_log_ratios(usable)) if usable else None)
-    if not usable:
-        if now - started_at >= settings.max_duration_s:
+    timed_out = now - started_at >= settings.max_duration_s
+    breach = _slo_breach(latest, settings) if latest is not None else None
+    if breach:
+        return outcome(Verdict.ABORT_SLO, breach)
+    if evidence.paired == 0:
+        if timed_out:
             return outcome(Verdict.ABORT_TIMEOUT, "no window had traffic on both the canary and the incumbent")
         return outcome(Verdict.CONTINUE, "waiting for traffic on both arms")
 
-    summary = _summary(_log_ratios(usable))
-    enough = (
-        summary.n >= settings.min_windows
-        and candidate_requests >= settings.min_requests
-        and incumbent_requests >= settings.min_requests
-    )
-    if enough:
-        low, high = confidence_interval(summary, settings.tau, settings.alpha)
+    slower_arm = min(evidence.candidate_requests, evidence.incumbent_requests)
+    if evidence.paired >= settings.min_windows and slower_arm >= settings.min_requests:
+        low, high = confidence_interval(evidence, settings.tau, settings.alpha)
         threshold = math.log1p(settings.min_effect)
-        if mixture_likelihood_ratio(summary, settings.tau) >= 1.0 / settings.alpha:
-            if high < 0 and summary.mean <= -threshold:
-                return outcome(Verdict.PROMOTE, f"the canary is {-math.expm1(summary.mean):.1%} faster per token", summary)
+        if mixture_likelihood_ratio(evidence, settings.tau) >= 1.0 / settings.alpha:
+            if high < 0 and evidence.mean <= -threshold:
+                return outcome(Verdict.PROMOTE, f"the canary is {-math.expm1(evidence.mean):.1%} faster per token")
             if low > 0:
-                return outcome(Verdict.ABORT_WORSE, f"the canary is {math.expm1(summary.mean):.1%} slower per token", summary)
+                return outcome(Verdict.ABORT_WORSE, f"the canary is {math.expm1(evidence.mean):.1%} slower per token")
         if -threshold < low and high < threshold:
-            return outcome(
-                Verdict.ABORT_NO_GAIN,
-                f"the difference is within ±{settings.min_effect:.0%}: not worth a rollout", summary,
-            )
-    if now - started_at >= settings.max_duration_s:
-        return outcome(Verdict.ABORT_TIMEOUT, "no clear difference within the maximum duration; the incumbent stays", summary)
-    if candidate_requests < settings.min_requests or incumbent_requests < settings.min_requests:
-        return outcome(
-            Verdict.CONTINUE,
-            f"{min(candidate_requests, incumbent_requests):.0f} of {settings.min_requests:.0f} requests on the slower arm",
-            summary,
+            return outcome(Verdict.ABORT_NO_GAIN, f"the difference is within ±{settings.min_effect:.0%}: not worth a rollout")
+    if timed_out:
+        return outcome(Verdict.ABORT_TIMEOUT, "no clear difference within the maximum duration; the incumbent stays")
+    if slower_arm < settings.min_requests:
+        return outcome(Verdict.CONTINUE, f"{slower_arm:.0f} of {settings.min_requests:.0f} requests on the slower arm")
+    return outcome(Verdict.CONTINUE, "the difference is not clear yet")
+
+
+# --------------------------------------------------------------------------------------------
+# An experiment's life: from the spec's settings, through evaluation windows, to a status record
+# --------------------------------------------------------------------------------------------
+
+
+class Purpose(StrEnum):
+    REPROBE = "Reprobe"
+    """Speculation is off: does it pay now? (instead of restarting every replica on a guess)"""
+    CHANGE = "Change"
+    """A new K or schedule the model predicts, before it reaches every replica."""
+    CONTROL = "Control"
+    """Speculation off against a config that has run for long: does it still pay?"""
+
+
+def settings_from_spec(spec: "api.SpecDecodeServiceSpec") -> ExperimentSettings:
+    experiments = spec.autotune.experiments
+    slo = spec.autotune.slo
+    return ExperimentSettings(
+        min_effect=experiments.min_effect_percent / 100.0,
+        min_requests=float(experiments.min_requests),
+        max_duration_s=api.parse_duration(experiments.max_duration),
+        tpot_p95_slo_s=api.parse_duration(slo.p95_time_per_output_token) if slo.p95_time_per_output_token else None,
+        e2e_p95_slo_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
+    )
+
+
+def arm_window(observation: Optional["Observation"]) -> ArmWindow:
+    """One arm of a window from the metrics of its config hash (an empty arm when absent)."""
+    if observation is None:
+        return ArmWindow(requests=0.0, tpot_mean_s=None)
+    return ArmWindow(
+        requests=observation.requests,
+        tpot_mean_s=observation.tpot_mean_s,
+        tpot_p95_s=observation.tpot_p95_s,
+        e2e_p95_s=observation.e2e_p95_s,
+        generation_tps=observation.generation_tps,
+    )
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A running or finished experiment; `to_record`/`from_record` carry it through status."""
+
+    purpose: Purpose
+    candidate: str
+    candidate_hash: str
+    incumbent_hash: str
+    started_at: float
+    evidence: Evidence = Evidence()
+    outcome: Optional[Outcome] = None
+    ended_at: Optional[float] = None
+
+    @property
+    def running(self) -> bool:
+        return self.ended_at is None
+
+    def observe(self, candidate: Optional["Observation"], incumbent: Optional["Observation"], now: float,
+                settings: ExperimentSettings) -> "Experiment":
+        """Add one evaluation window of both arms and judge; a final verdict ends it at ``now``."""
+        if not self.running:
+            return self
+        window = PairedWindow(at=now, candidate=arm_window(candidate), incumbent=arm_window(incumbent))
+        evidence = self.evidence.add(window)
+        outcome = judge(evidence, window, self.started_at, now, settings)
+        return replace(self, evidence=evidence, outcome=outcome, ended_at=now if outcome.verdict.final else None)
+
+    def cancel(self, reason: str, now: float) -> "Experiment":
+        """Ended from outside the test (the spec changed, autotune turned off, the canary failed)."""
+        if not self.running:
+            return self
+        ended = Outcome(Verdict.CONTINUE, reason, self.evidence.windows,
+                        self.evidence.candidate_requests, self.evidence.incumbent_requests)
+        return replace(self, outcome=ended, ended_at=now)
+
+    @property
+    def status_verdict(self) -> str:
+        if self.running:
+            return "Running"
+        if self.outcome is None or not self.outcome.verdict.final:
+            return "Cancelled"
+        return self.outcome.verdict.value
+
+    def to_record(self) -> "api.ExperimentRecord":
+        outcome = self.outcome
+        interval = outcome.interval if outcome and outcome.interval else (None, None)
+        finite = [v if v is not None and math.isfinite(v) else None for v in interval]
+        return api.ExperimentRecord(
+            purpose=self.purpose.value,
+            candidate=self.candidate,
+            candidate_hash=self.candidate_hash,
+            incumbent_hash=self.incumbent_hash,
+            started_at=timestamps.rfc3339(self.started_at),
+            ended_at=timestamps.rfc3339(self.ended_at) if self.ended_at is not None else None,
+            verdict=self.status_verdict,
+            reason=outcome.reason if outcome else "",
+            effect=round(outcome.effect, 4) if outcome and outcome.effect is not None else None,
+            effect_low=round(finite[0], 4) if finite[0] is not None else None,
+            effect_high=round(finite[1], 4) if finite[1] is not None else None,
+            windows=self.evidence.windows,
+            requests=round(self.evidence.candidate_requests, 1),
+            incumbent_requests=round(self.evidence.incumbent_requests, 1),
+            paired_windows=self.evidence.paired,
+            log_ratio_sum=self.evidence.log_ratio_sum,
+            log_ratio_sum_squares=self.evidence.log_ratio_sum_squares,
         )
-    return outcome(Verdict.CONTINUE, "the difference is not clear yet", summary)
 
-
-def _log_ratios(windows: Sequence[PairedWindow]) -> list[float]:
-    return [math.log(w.candidate.tpot_mean_s / w.incumbent.tpot_mean_s) for w in windows]
+    @classmethod
+    def from_record(cls, record: "api.ExperimentRecord") -> "Experiment":
+        """What a restarted operator resumes from (a running experiment keeps its evidence)."""
+        evidence = Evidence(
+            windows=record.windows,
+            paired=record.paired_windows,
+            log_ratio_sum=record.log_ratio_sum,
+            log_ratio_sum_squares=record.log_ratio_sum_squares,
+            candidate_requests=record.requests or 0.0,
+            incumbent_requests=record.incumbent_requests or 0.0,
+        )
+        verdict = Verdict(record.verdict) if record.verdict in Verdict._value2member_map_ else Verdict.CONTINUE
+        return cls(
+            purpose=Purpose(record.purpose),
+            candidate=record.candidate,
+            candidate_hash=record.candidate_hash,
+            incumbent_hash=record.incumbent_hash,
+            started_at=timestamps.epoch_seconds(record.started_at),
+            evidence=evidence,
+            outcome=Outcome(verdict, record.reason, record.windows, evidence.candidate_requests,
+                            evidence.incumbent_requests) if record.reason else None,
+            ended_at=timestamps.epoch_seconds(record.ended_at) if record.ended_at else None,
+        )
