@@ -8,6 +8,7 @@
 --   Progressing=True (a rollout is under way)   -> Progressing
 --   Ready=True and phase Serving                -> Healthy
 --   scaled to zero (spec.replicas 0)            -> Healthy
+--   Experimenting=True (a canary experiment)    -> as without it: the main Deployment keeps serving
 --   anything else                               -> Progressing, saying what it waits for
 
 local function find_condition(conditions, condition_type)

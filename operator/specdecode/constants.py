@@ -63,6 +63,8 @@ COND_SPECULATION_EFFECTIVE = "SpeculationEffective"
 COND_METRICS_AVAILABLE = "MetricsAvailable"
 COND_DRAFT_COMPATIBLE = "DraftCompatible"
 COND_MODEL_CACHE_EPHEMERAL = "ModelCacheEphemeral"
+# True while a canary experiment runs; neutral for GitOps health (the main Deployment serves).
+COND_EXPERIMENTING = "Experimenting"
 CONDITION_TYPES = [
     COND_READY,
     COND_PROGRESSING,
@@ -71,6 +73,7 @@ CONDITION_TYPES = [
     COND_METRICS_AVAILABLE,
     COND_DRAFT_COMPATIBLE,
     COND_MODEL_CACHE_EPHEMERAL,
+    COND_EXPERIMENTING,
 ]
 
 # Condition reasons (CamelCase, as Kubernetes conventions ask).
@@ -98,6 +101,8 @@ REASON_PROMETHEUS_URL_NOT_ALLOWED = "PrometheusURLNotAllowed"
 # A Secret named in spec.metrics.auth cannot be read from the service's namespace.
 REASON_PROMETHEUS_CREDENTIALS_UNAVAILABLE = "PrometheusCredentialsUnavailable"
 REASON_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
+REASON_CANARY_RUNNING = "CanaryRunning"
+REASON_NO_EXPERIMENT = "NoExperiment"
 
 # Event reasons.
 EVENT_APPLIED = "Applied"

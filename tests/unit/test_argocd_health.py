@@ -90,6 +90,10 @@ CASES = [
                        _condition("Progressing", "False", C.REASON_ROLLOUT_COMPLETE),
                        _condition("Ready", "False", C.REASON_UNAVAILABLE, "0/2 replicas available")],
     }), "Progressing", "0/2 replicas available"),
+    # A canary experiment runs beside the main Deployment, which keeps serving: still Healthy.
+    ("experimenting", _sds({**_status_after(_rollout()), "conditions": _status_after(_rollout())["conditions"] + [
+        _condition(C.COND_EXPERIMENTING, "True", C.REASON_CANARY_RUNNING, "ngram K=5 on 1 canary replica")]}),
+     "Healthy", "2/2 replicas available"),
     ("phase-degraded-without-condition", _sds({"phase": "Degraded", "observedGeneration": GENERATION, "conditions": []}),
      "Degraded", "phase Degraded"),
 ]
