@@ -24,7 +24,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..cli import UserError, command
-from ..tools.localstack.install import kubectl as kubectl_run
+
+
+def kubectl_run(*args, **kwargs):
+    """The local stack's kubectl (imported when used: the tools are an extra)."""
+    from ..tools.localstack.install import kubectl
+
+    return kubectl(*args, **kwargs)
+
 
 DEFAULT_DURATION = "5m"
 DEFAULT_NAMESPACE = "specdecode-demo"

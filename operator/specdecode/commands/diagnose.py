@@ -10,6 +10,7 @@ Exit codes: 0 classified, 1 unknown, 2 unreadable file.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import TextIO
 
@@ -57,7 +58,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
     else:
         speculation = speculation_from_log(text)
     diagnosis = classify_log(text, speculation)
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and importlib.util.find_spec("rich") is not None:  # rich is in the tools extra
         _print_rich(diagnosis)
     else:
         _print_plain(diagnosis, sys.stdout)
