@@ -52,52 +52,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from specdecode import constants
 from specdecode.control import promql
+from specdecode import metricnames as N
 from specdecode import timestamps
+from specdecode.metricnames import SPELLINGS, spelling_of, spellings_of
 from specdecode.control.promql import PromQLRules, Sample
-
-# --- vLLM metric names (0.33, V1 engine; REFERENCE.md) --------------------------------------
-
-METRIC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-METRIC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-METRIC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-METRIC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-METRIC_E2E = "vllm:e2e_request_latency_seconds"
-METRIC_TPOT = "vllm:request_time_per_output_token_seconds"
-METRIC_ITL = "vllm:inter_token_latency_seconds"
-METRIC_GENERATION_TOKENS = "vllm:generation_tokens_total"
-METRIC_PROMPT_TOKENS = "vllm:prompt_tokens_total"
-METRIC_PREEMPTIONS = "vllm:num_preemptions_total"
-METRIC_RUNNING = "vllm:num_requests_running"
-METRIC_WAITING = "vllm:num_requests_waiting"
-METRIC_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-
-# How Prometheus stores them. vLLM names its series `vllm:...` and serves /metrics through
-# prometheus_client, which negotiates the format with the scraper: Prometheus 2.x asks for
-# OpenMetrics first, and prometheus_client (>= 0.22) answers it with every character a classic
-# metric name cannot hold escaped to `_`, so Prometheus stores `vllm_...`. The classic text
-# format (Prometheus Operator's `scrapeProtocols: [PrometheusText0.0.4]`), an OpenMetrics
-# request that allows UTF-8 names (Prometheus 3) or a relabelling back keep `vllm:...`.
-SPELLING_COLON = "vllm:"
-SPELLING_UNDERSCORE = "vllm_"
-SPELLINGS: tuple[str, ...] = (SPELLING_COLON, SPELLING_UNDERSCORE)
-"""Both prefixes, in the order the queries prefer them."""
-
-
-def spellings_of(metric: str) -> tuple[str, ...]:
-    """The names one vLLM series can be stored under: as vLLM names it, then escaped."""
-    if not metric.startswith(SPELLING_COLON):
-        return (metric,)
-    return (metric, SPELLING_UNDERSCORE + metric[len(SPELLING_COLON):])
-
-
-def spelling_of(name: str) -> str | None:
-    """Which spelling a stored series name uses (None for a name that is neither)."""
-    return next((prefix for prefix in SPELLINGS if name.startswith(prefix)), None)
-
 
 LABEL_NAME = "__name__"
 LABEL_NAMESPACE = "namespace"
-LABEL_POSITION = "position"
 LABEL_LE = "le"
 GROUP_LABELS: tuple[str, ...] = (
     LABEL_NAMESPACE,
@@ -189,26 +150,26 @@ def _counter(name: str, metric: str, *extra_by: str) -> QuerySpec:
 
 
 QUERY_SPECS: tuple[QuerySpec, ...] = (
-    _counter("drafts", METRIC_DRAFTS),
-    _counter("draft_tokens", METRIC_DRAFT_TOKENS),
-    _counter("accepted_tokens", METRIC_ACCEPTED_TOKENS),
-    _counter("accepted_per_position", METRIC_ACCEPTED_PER_POS, LABEL_POSITION),
-    _counter("e2e_buckets", METRIC_E2E + "_bucket", LABEL_LE),
-    _counter("e2e_sum", METRIC_E2E + "_sum"),
-    _counter("e2e_count", METRIC_E2E + "_count"),
-    _counter("tpot_buckets", METRIC_TPOT + "_bucket", LABEL_LE),
-    _counter("tpot_sum", METRIC_TPOT + "_sum"),
-    _counter("tpot_count", METRIC_TPOT + "_count"),
-    _counter("itl_sum", METRIC_ITL + "_sum"),
-    _counter("itl_count", METRIC_ITL + "_count"),
-    _counter("generation_tokens", METRIC_GENERATION_TOKENS),
-    _counter("prompt_tokens", METRIC_PROMPT_TOKENS),
-    _counter("preemptions", METRIC_PREEMPTIONS),
-    QuerySpec("running", METRIC_RUNNING, "avg_over_time", "sum"),
-    QuerySpec("waiting", METRIC_WAITING, "avg_over_time", "sum"),
-    QuerySpec("kv_cache_usage", METRIC_KV_CACHE_USAGE, "avg_over_time", "avg"),
-    QuerySpec("newest_sample", METRIC_RUNNING, "timestamp", "max"),
-    QuerySpec("pods", METRIC_RUNNING, "value", "count", (LABEL_NAME,)),
+    _counter("drafts", N.total(N.SPEC_DRAFTS)),
+    _counter("draft_tokens", N.total(N.SPEC_DRAFT_TOKENS)),
+    _counter("accepted_tokens", N.total(N.SPEC_ACCEPTED_TOKENS)),
+    _counter("accepted_per_position", N.total(N.SPEC_ACCEPTED_PER_POS), N.LABEL_POSITION),
+    _counter("e2e_buckets", N.E2E + "_bucket", LABEL_LE),
+    _counter("e2e_sum", N.E2E + "_sum"),
+    _counter("e2e_count", N.E2E + "_count"),
+    _counter("tpot_buckets", N.REQUEST_TPOT + "_bucket", LABEL_LE),
+    _counter("tpot_sum", N.REQUEST_TPOT + "_sum"),
+    _counter("tpot_count", N.REQUEST_TPOT + "_count"),
+    _counter("itl_sum", N.INTER_TOKEN_LATENCY + "_sum"),
+    _counter("itl_count", N.INTER_TOKEN_LATENCY + "_count"),
+    _counter("generation_tokens", N.total(N.GENERATION_TOKENS)),
+    _counter("prompt_tokens", N.total(N.PROMPT_TOKENS)),
+    _counter("preemptions", N.total(N.PREEMPTIONS)),
+    QuerySpec("running", N.RUNNING, "avg_over_time", "sum"),
+    QuerySpec("waiting", N.WAITING, "avg_over_time", "sum"),
+    QuerySpec("kv_cache_usage", N.KV_CACHE_USAGE, "avg_over_time", "avg"),
+    QuerySpec("newest_sample", N.RUNNING, "timestamp", "max"),
+    QuerySpec("pods", N.RUNNING, "value", "count", (LABEL_NAME,)),
 )
 """The fixed plan: one query per metric family, each covering every service in a scope."""
 
@@ -556,7 +517,7 @@ def build_observations(
         for spec in QUERY_SPECS
         if not spec.extra_by
     }
-    per_position = _by_key_and_label(results.get("accepted_per_position", ()), LABEL_POSITION)
+    per_position = _by_key_and_label(results.get("accepted_per_position", ()), N.LABEL_POSITION)
     pods_by_name = _by_key_and_label(results.get("pods", ()), LABEL_NAME)
     e2e_buckets = _by_key_and_label(results.get("e2e_buckets", ()), LABEL_LE)
     tpot_buckets = _by_key_and_label(results.get("tpot_buckets", ()), LABEL_LE)

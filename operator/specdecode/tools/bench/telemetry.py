@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from specdecode import constants
+from specdecode.metricnames import total
 from specdecode.control import metrics, promql
 from specdecode.control.metrics import ConfigKey, Observation, QueryScope, RawSeries
 from specdecode.control.perfmodel import EngineParams, Workload
@@ -199,11 +200,11 @@ def _samples(m: x.PodMetrics) -> list[tuple[str, tuple, float]]:
     out: list[tuple[str, tuple, float]] = []
     if m.spec_tokens is not None:
         for name in (x.SPEC_DRAFTS, x.SPEC_DRAFT_TOKENS, x.SPEC_ACCEPTED_TOKENS):
-            out.append((name + "_total", (), m.counters[name]))
+            out.append((total(name), (), m.counters[name]))
         for pos, value in enumerate(m.accepted_per_pos):
-            out.append((x.SPEC_ACCEPTED_PER_POS + "_total", ((x.LABEL_POSITION, str(pos)),), value))
+            out.append((total(x.SPEC_ACCEPTED_PER_POS), ((x.LABEL_POSITION, str(pos)),), value))
     for name in (x.GENERATION_TOKENS, x.PROMPT_TOKENS, x.PREEMPTIONS):
-        out.append((name + "_total", (), m.counters[name]))
+        out.append((total(name), (), m.counters[name]))
     for name in (x.RUNNING, x.WAITING, x.KV_CACHE_USAGE):
         out.append((name, (), m.gauges[name]))
     for name in (x.E2E, x.REQUEST_TPOT):

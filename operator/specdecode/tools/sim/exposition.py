@@ -43,36 +43,35 @@ from prometheus_client.core import (
     Metric,
 )
 
-LABEL_MODEL_NAME = "model_name"
-LABEL_ENGINE = "engine"
-LABEL_POSITION = "position"
-LABEL_FINISHED_REASON = "finished_reason"
+from specdecode.metricnames import (  # noqa: F401  (also read as x.NAME by the engine and the benchmark)
+    DECODE_TIME,
+    E2E,
+    GENERATION_TOKENS,
+    INFERENCE_TIME,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    LABEL_ENGINE,
+    LABEL_FINISHED_REASON,
+    LABEL_MODEL_NAME,
+    LABEL_POSITION,
+    PREEMPTIONS,
+    PREFILL_TIME,
+    PROMPT_TOKENS,
+    QUEUE_TIME,
+    REQUEST_SUCCESS,
+    REQUEST_TPOT,
+    RUNNING,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_ACCEPTED_TOKENS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_DRAFTS,
+    TTFT,
+    WAITING,
+)
+
 ENGINE_INDEX = "0"
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
-
-# Counter names without the `_total` suffix prometheus_client adds in the exposition.
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
-SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
-SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
-GENERATION_TOKENS = "vllm:generation_tokens"
-PROMPT_TOKENS = "vllm:prompt_tokens"
-PREEMPTIONS = "vllm:num_preemptions"
-REQUEST_SUCCESS = "vllm:request_success"
-
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-
-E2E = "vllm:e2e_request_latency_seconds"
-QUEUE_TIME = "vllm:request_queue_time_seconds"
-INFERENCE_TIME = "vllm:request_inference_time_seconds"
-PREFILL_TIME = "vllm:request_prefill_time_seconds"
-DECODE_TIME = "vllm:request_decode_time_seconds"
-TTFT = "vllm:time_to_first_token_seconds"
-INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
-REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
 
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
