@@ -40,23 +40,26 @@ class UnsupportedConfig(ValueError):
         self.field = field
 
 
+def flag_value(args: Sequence[str], *names: str) -> Optional[str]:
+    """The value of `--name value` or `--name=value` on a command line, for any of `names`
+    (spellings of one option): the last one wins, as with argparse. None when absent."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
 def data_parallel_size(args: Sequence[str]) -> int:
     """`--data-parallel-size` / `-dp` among extra arguments (1 when absent or unreadable:
     vLLM itself refuses what it cannot parse)."""
-    size = 1
-    for i, arg in enumerate(args):
-        value = None
-        for flag in ("--data-parallel-size", "-dp"):
-            if arg == flag and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1]
-        if value is not None:
-            try:
-                size = int(value)
-            except ValueError:
-                pass
-    return size
+    try:
+        return int(flag_value(args, "--data-parallel-size", "-dp") or 1)
+    except ValueError:
+        return 1
 
 
 def release(version: str) -> Optional[Version]:
@@ -200,31 +203,12 @@ def histogram_bucket_args(version: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _flag_values(args: Sequence[str]) -> dict[str, str]:
-    """`--flag value` and `--flag=value` pairs of a command line (last one wins, as argparse)."""
-    values: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("-") and "=" in arg:
-            flag, value = arg.split("=", 1)
-            values[flag] = value
-        elif arg.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            values[arg] = args[i + 1]
-            i += 1
-        elif arg.startswith("-"):
-            values[arg] = ""
-        i += 1
-    return values
-
-
 def parse_speculative_args(args: Sequence[str]) -> Optional[SpeculativeConfig]:
     """The speculation a vLLM command line configures, or None when it runs without.
 
     Reads both dialects. Raises ValueError on a malformed `--speculative-config`.
     """
-    flags = _flag_values(args)
-    raw = flags.get(SPECULATIVE_CONFIG_FLAG, flags.get("-sc"))
+    raw = flag_value(args, SPECULATIVE_CONFIG_FLAG, "-sc")
     if raw is not None:
         try:
             data = json.loads(raw)
@@ -245,16 +229,16 @@ def parse_speculative_args(args: Sequence[str]) -> Optional[SpeculativeConfig]:
             use_heterogeneous_vocab=bool(data.get("use_heterogeneous_vocab", False)),
             per_batch_size=tuple(tuple(int(x) for x in row) for row in table) if table else None,
         )
-    if "--speculative-model" in flags:
-        model = flags["--speculative-model"]
+    model = flag_value(args, "--speculative-model")
+    if model is not None:
         ngram = model == "[ngram]"
         return SpeculativeConfig(
             method="ngram" if ngram else "draft_model",
-            num_speculative_tokens=int(flags.get("--num-speculative-tokens", 0)),
+            num_speculative_tokens=int(flag_value(args, "--num-speculative-tokens") or 0),
             model=None if ngram else model,
-            draft_tensor_parallel_size=_int_or_none(flags.get("--speculative-draft-tensor-parallel-size")),
-            prompt_lookup_min=_int_or_none(flags.get("--ngram-prompt-lookup-min")),
-            prompt_lookup_max=_int_or_none(flags.get("--ngram-prompt-lookup-max")),
+            draft_tensor_parallel_size=_int_or_none(flag_value(args, "--speculative-draft-tensor-parallel-size")),
+            prompt_lookup_min=_int_or_none(flag_value(args, "--ngram-prompt-lookup-min")),
+            prompt_lookup_max=_int_or_none(flag_value(args, "--ngram-prompt-lookup-max")),
         )
     return None
 

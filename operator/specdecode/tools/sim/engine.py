@@ -98,9 +98,9 @@ def engine_config_from_args(args: Sequence[str]) -> EngineConfig:
     Raises ValueError on a malformed `--speculative-config` or bucket JSON.
     """
     spec = vllm.parse_speculative_args(list(args))
-    served = _flag(args, "--served-model-name")
+    served = vllm.flag_value(args, "--served-model-name")
     model_name = served or _positional_model(args) or "model"
-    buckets_raw = _flag(args, "--custom-histogram-buckets")
+    buckets_raw = vllm.flag_value(args, "--custom-histogram-buckets")
     custom: tuple[tuple[str, tuple[float, ...]], ...] = ()
     if buckets_raw:
         try:
@@ -122,19 +122,8 @@ def engine_config_from_args(args: Sequence[str]) -> EngineConfig:
     )
 
 
-def _flag(args: Sequence[str], name: str) -> str | None:
-    """Value of `--name value` or `--name=value` (the last one wins, as with argparse)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def _int_flag(args: Sequence[str], name: str) -> int | None:
-    raw = _flag(args, name)
+    raw = vllm.flag_value(args, name)
     if raw is None:
         return None
     try:
