@@ -21,8 +21,6 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_NAME_VALUE = "vllm"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_MANAGED_BY_VALUE = OPERATOR_NAME
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_COMPONENT_VALUE = "inference-server"
 LABEL_SERVICE = f"{GROUP}/service"
 LABEL_CONFIG_HASH = f"{GROUP}/config-hash"
 
@@ -50,7 +48,6 @@ PHASE_PENDING = "Pending"
 PHASE_PROGRESSING = "Progressing"
 PHASE_SERVING = "Serving"
 PHASE_DEGRADED = "Degraded"
-PHASES = [PHASE_PENDING, PHASE_PROGRESSING, PHASE_SERVING, PHASE_DEGRADED]
 
 # Condition types.
 COND_READY = "Ready"
@@ -60,15 +57,6 @@ COND_SPECULATION_EFFECTIVE = "SpeculationEffective"
 COND_METRICS_AVAILABLE = "MetricsAvailable"
 COND_DRAFT_COMPATIBLE = "DraftCompatible"
 COND_MODEL_CACHE_EPHEMERAL = "ModelCacheEphemeral"
-CONDITION_TYPES = [
-    COND_READY,
-    COND_PROGRESSING,
-    COND_DEGRADED,
-    COND_SPECULATION_EFFECTIVE,
-    COND_METRICS_AVAILABLE,
-    COND_DRAFT_COMPATIBLE,
-    COND_MODEL_CACHE_EPHEMERAL,
-]
 
 # Condition reasons (CamelCase, as Kubernetes conventions ask).
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -77,7 +65,6 @@ REASON_ROLLOUT_COMPLETE = "RolloutComplete"
 REASON_DEPLOYMENT_MISSING = "DeploymentMissing"
 REASON_UNAVAILABLE = "ReplicasUnavailable"
 REASON_AVAILABLE = "ReplicasAvailable"
-REASON_RECONCILED = "Reconciled"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_SPECULATION_ON = "SpeculationOn"
 REASON_SPECULATION_OFF = "SpeculationOff"

@@ -256,11 +256,6 @@ class SpeculationCounts:
         return self.accepted_tokens / self.drafts if self.drafts > 0 else None
 
     @property
-    def mean_draft_length(self) -> float | None:
-        """Drafted tokens per draft: K for model drafts; n-gram drafts may be shorter."""
-        return self.draft_tokens / self.drafts if self.drafts > 0 else None
-
-    @property
     def alpha_per_position(self) -> tuple[float | None, ...]:
         """alpha_i = accepted_per_pos[i] / accepted_per_pos[i-1], position -1 = drafts."""
         out: list[float | None] = []

@@ -333,12 +333,6 @@ class EngineParams:
                     values[f.name] = int(values[f.name])
         return cls(method=method, **values)  # type: ignore[arg-type]
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> "EngineParams":
-        """A copy with fields replaced by name; unknown keys raise EngineParamsError."""
-        overrides = dict(overrides)
-        _check_keys(overrides)
-        return replace(self, **overrides)
-
     def configs(self) -> tuple[int, ...]:
         """Every config a policy may choose: off, then K = min_k..max_k."""
         return (OFF, *range(self.min_k, self.max_k + 1))
@@ -1525,16 +1519,6 @@ def _lognormal_cdf(x: float, mean: float, cv: float) -> float:
     # NormalDist().cdf(z) inlined (same expression, so the same float): this is the hot
     # loop of every P95 bisection.
     return 0.5 * (1.0 + math.erf((math.log(x) - mu) / sigma / _SQRT2))
-
-
-def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
-    """(mu, sigma) of the lognormal with this mean and coefficient of variation.
-
-    The simulator draws latency samples from these so that histograms agree with the
-    model's means and P95s.
-    """
-    sigma2 = math.log1p(cv * cv)
-    return math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2)
 
 
 # --------------------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ PER_BATCH_SIZE_K_TABLE = Feature(
         f"{_wheel('0.33.0')}: vllm/config/speculative.py:524 (field), "
         "vllm/v1/core/sched/scheduler.py:324-328 (validated when the scheduler is built)",
     ),
-    note="See PER_BATCH_SIZE_RULES. In 0.24.0 the V2 model runner lists it as unsupported "
+    note="See per_batch_size_table_problems. In 0.24.0 the V2 model runner lists it as unsupported "
     "(vllm/config/vllm.py:2034-2035), so the engine falls back to the V1 model runner.",
 )
 
@@ -265,7 +265,7 @@ CUSTOM_HISTOGRAM_BUCKETS = Feature(
     ),
     note="JSON object: family -> non-empty list of finite, > 0, strictly increasing floats "
     "(booleans rejected); unknown family is a ValueError; a listed family replaces its "
-    "defaults, others keep theirs. Families: HISTOGRAM_BUCKET_FAMILIES.",
+    "defaults, others keep theirs. Families: BucketFamilyKey in vllm/v1/metrics/buckets.py:15-24.",
 )
 
 DRAFT_TP_MUST_EQUAL_TARGET_FOR_DRAFT_MODEL = Feature(
@@ -276,23 +276,12 @@ DRAFT_TP_MUST_EQUAL_TARGET_FOR_DRAFT_MODEL = Feature(
         "\"must be the same. Got {draft_tp} and {tgt_tp}. \"",
         f"{_wheel('0.33.0')}: vllm/v1/spec_decode/draft_model.py:63-78 _raise_if_draft_tp_mismatch",
     ),
-    note="The config itself accepts 1 or the target's TP (DRAFT_TP_RULES); the V1 draft-model "
+    note="The config itself accepts 1 or the target's TP (DRAFT_TP_INVALID_MESSAGE); the V1 draft-model "
     "proposer then demands equality. 0.33.0's V2 draft-model speculator "
     "(vllm/v1/worker/gpu/spec_decode/standalone_ar) has no such check. Render the target's TP "
     "(or leave it unset: the default is the target's TP).",
 )
 
-HISTOGRAM_BUCKET_FAMILIES = (
-    "request_latency",
-    "time_to_first_token",
-    "inter_token_latency",
-    "iteration_tokens",
-    "request_params_n",
-    "request_num_preemptions",
-    "request_tokens",
-    "kv_cache_residency",
-)
-"""``BucketFamilyKey`` in vllm/v1/metrics/buckets.py:15-24, identical in 0.32.0 and 0.33.0."""
 
 FEATURES: tuple[Feature, ...] = (
     SPECULATIVE_CONFIG_FLAG,
@@ -408,46 +397,24 @@ def mtp_method_name(version: str) -> str | None:
 # Field rules (0.33.0 unless stated; unchanged back to the version given)
 # --------------------------------------------------------------------------------------
 
+# ngram / ngram_gpu: both unset -> min = max = 5 (0.8.2 config.py:2023-2024, 0.33.0
+# speculative.py:1302-1305); only one set -> the other copies it; min > max is a ValueError.
 PROMPT_LOOKUP_DEFAULT_MAX = 5
 PROMPT_LOOKUP_DEFAULT_MIN = 5
-PROMPT_LOOKUP_RULES = (
-    "ngram / ngram_gpu: both unset -> min = max = 5 (same code in 0.8.2 config.py:2023-2024 "
-    "and 0.33.0 speculative.py:1302-1305); only one set -> the other copies it; "
-    "min > max is a ValueError (PROMPT_LOOKUP_ORDER_MESSAGE); each must be >= 1 "
-    "(pydantic Field(ge=1): not in 0.11.0, present in 0.15.0). The field docstring says "
-    "min 'Defaults to 1': the code copies max instead. Other methods force both to 0."
-)
-
-DRAFT_TP_RULES = (
-    "draft_tensor_parallel_size unset -> the target's tensor_parallel_size (mlp_speculator "
-    "drafts default to 1 up to 0.32.0); set -> must be 1 or the target's TP "
-    "(DRAFT_TP_INVALID_MESSAGE, 0.8.2 config.py:2210-2214 to 0.33.0 speculative.py:1849-1869), "
-    ">= 1 (pydantic, 0.15.0+); method=draft_model on Model Runner V1 additionally needs it "
-    "equal to the target's TP (DRAFT_TP_MUST_EQUAL_TARGET_FOR_DRAFT_MODEL)."
-)
-
-NUM_SPECULATIVE_TOKENS_RULES = (
-    "num_speculative_tokens > 0 (pydantic gt=0) and required unless the draft's HF config "
-    "has n_predict; it stays required with a per-batch-size table: it is the table's cap."
-)
-
-PER_BATCH_SIZE_RULES = (
-    "num_speculative_tokens_per_batch_size = non-empty list of [start, end, K] "
-    "(vllm/v1/spec_decode/dynamic/utils.py, 0.24.0 to 0.33.0 unchanged): start, end > 0; "
-    "start <= end; K >= 0 (K = 0 turns drafting off for those batch sizes); entries are "
-    "sorted by start, then must not overlap (inclusive ends); the first must start at 1. "
-    "Gaps and the tail above the last range carry the previous K forward. The effective K is "
-    "min(K, num_speculative_tokens). Checked when the EngineCore builds its scheduler "
-    "(scheduler.py:324-328), not when the config is parsed, so a bad table fails engine "
-    "start-up, not argument parsing."
-)
 
 
 def per_batch_size_table_problems(
     table: list[list[int]] | list[tuple[int, int, int]],
     num_speculative_tokens: int | None,
 ) -> list[str]:
-    """Reasons vLLM would refuse ``table`` (empty list: accepted). Encodes PER_BATCH_SIZE_RULES.
+    """Reasons vLLM would refuse ``table`` (empty list: accepted).
+
+    vLLM's rules (vllm/v1/spec_decode/dynamic/utils.py, 0.24.0 to 0.33.0 unchanged): a
+    non-empty list of [start, end, K]; start, end > 0; start <= end; K >= 0 (K = 0 turns
+    drafting off for those batch sizes); sorted by start, no overlap (inclusive ends); the
+    first starts at 1. Gaps and the tail above the last range carry the previous K forward;
+    the effective K is min(K, num_speculative_tokens). Checked when the EngineCore builds
+    its scheduler (scheduler.py:324-328), so a bad table fails engine start-up, not parsing.
 
     Also reports a missing / non-positive ``num_speculative_tokens``, which vLLM needs as
     the table's cap. Values above the cap are accepted by vLLM (clamped), not reported.
@@ -595,20 +562,12 @@ PER_BATCH_SIZE_ERROR_MESSAGES = (
     "The first batch-size range must start at 1 so every runtime batch size has a defined "
     "schedule.",
 )
-SPECULATIVE_CONFIG_JSON_ERROR = (
-    # --speculative-config is parsed with json.loads wrapped by parse_type
-    # (vllm/engine/arg_utils.py:161-170, 0.33.0); argparse prefixes
-    # "argument --speculative-config/-sc: ".
-    'f"Value {val} cannot be converted to {return_type}."'
-)
 
 # pydantic (not vLLM) texts, for SpeculativeConfig is a pydantic dataclass with
 # extra="forbid" (vllm/config/utils.py:51-80, 0.33.0). Shapes checked with a stand-in
 # dataclass under pydantic 2.14; vLLM's image may pin another 2.x, same error types.
-PYDANTIC_VALIDATION_HEADER = "validation error for SpeculativeConfig"
 PYDANTIC_LITERAL_ERROR = "[type=literal_error"  # unknown method: "Input should be 'ngram', ..."
 PYDANTIC_UNKNOWN_KEY_ERROR = "[type=unexpected_keyword_argument"  # "Unexpected keyword argument"
-PYDANTIC_GREATER_THAN_ERROR = "[type=greater_than"  # num_speculative_tokens <= 0
 PYDANTIC_VALUE_ERROR_PREFIX = "Value error, "
 
 VOCAB_MAPPING_NO_UNK_MESSAGE = (  # 0.33.0 vllm/v1/spec_decode/vocab_mapping.py:62-65
@@ -623,13 +582,6 @@ VOCAB_MAPPING_NO_UNK_PATTERN = re.compile(
 # wheel only: the classifier matches them by the stable words, not whole sentences.
 KV_CACHE_NO_MEMORY_PREFIX = (  # vllm/v1/core/kv_cache_planning.py:56-63, ValueError
     "No available memory for the cache blocks."
-)
-KV_CACHE_TOO_SMALL_MESSAGE = (  # vllm/v1/core/kv_cache_planning.py:76-86, ValueError
-    'f"To serve at least one request with the model\'s max seq len "'
-    ' f"({max_model_len}), ({format_gib(needed_memory)} GiB KV "'
-    ' f"cache is needed, which is larger than the available KV cache "'
-    ' f"memory ({format_gib(available_memory)} GiB). {estimated_msg}"'
-    ' f"Try increasing `gpu_memory_utilization` ... or decreasing `max_model_len` ..."'
 )
 KV_CACHE_TOO_SMALL_PATTERN = re.compile(
     # "models's" in older releases: the possessive is optional.

@@ -279,11 +279,3 @@ def check_service(service: api.SpecDecodeService) -> list[Finding]:
 def describe(findings: Sequence[Finding]) -> list[str]:
     """One line per finding, as `validate --vllm` prints them."""
     return [f"{f.kind}: {f.config}: {f.check}: {f.message}" for f in findings]
-
-
-def speculative_json(args: Sequence[str]) -> Optional[dict[str, Any]]:
-    """The JSON of `--speculative-config` in rendered arguments (for messages and tests)."""
-    for flag, value in zip(args, args[1:]):
-        if flag == "--speculative-config":
-            return json.loads(value)
-    return None

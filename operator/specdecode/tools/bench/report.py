@@ -244,7 +244,7 @@ def plot_scenario(result: ScenarioResult, path: Path) -> None:
     axes[0].legend(loc="upper right")
     truth = result.truth
     xs, alpha = [], []
-    xs_rate, rate = [], []
+    rate = []
     for start, end, request_rate, a in truth:
         xs += [start / minutes, end / minutes]
         alpha += [a, a]

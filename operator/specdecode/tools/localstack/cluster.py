@@ -333,17 +333,6 @@ def _start_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _run_checked(command: Sequence[str], input_text: str | None = None, timeout: float = 60) -> str:
-    """Run a short command; its stdout, or a ClusterError carrying its stderr."""
-    try:
-        result = subprocess.run(list(command), input=input_text, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as err:
-        raise ClusterError(f"`{' '.join(command)}` timed out after {timeout:.0f}s") from err
-    if result.returncode != 0:
-        raise ClusterError(f"`{' '.join(command)}` failed: {result.stderr.strip()}")
-    return result.stdout
-
-
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -125,15 +125,6 @@ class PrometheusServer:
             self._log.close()
             self._log = None
 
-    def is_ready(self) -> bool:
-        return _ready(self.url)
-
-    def reload(self) -> None:
-        """Ask Prometheus to reread its config (needs --web.enable-lifecycle, which we set)."""
-        request = urllib.request.Request(f"{self.url}/-/reload", method="POST")
-        with urllib.request.urlopen(request, timeout=5):
-            pass
-
     def __enter__(self) -> "PrometheusServer":
         return self
 

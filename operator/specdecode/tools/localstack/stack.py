@@ -119,7 +119,6 @@ class Stack:
     cluster: Optional[ClusterInfo] = None
     kubeconfig: Optional[Path] = None
     kubectl_command: list[str] = field(default_factory=list)
-    _owned_cluster: Optional[LocalCluster] = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     # ------------------------------------------------------------------------ control plane
@@ -133,7 +132,6 @@ class Stack:
         self.kubeconfig = self.cluster.kubeconfig
         self.kubectl_command = self.cluster.kubectl_command()
         if not keep:
-            self._owned_cluster = local
             self._closers.append(lambda: local.down(progress=False))
         return self.cluster
 
