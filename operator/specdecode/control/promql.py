@@ -218,6 +218,16 @@ def avg_over_time(
     return math.fsum(v for _, v in selected) / len(selected)
 
 
+def max_over_time(
+    samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
+) -> float | None:
+    """``max_over_time(gauge[range_s])``."""
+    selected = select_range(samples, at, range_s, rules)
+    if not selected:
+        return None
+    return max(v for _, v in selected)
+
+
 def instant_sample(
     samples: Sequence[Sample],
     at: float,
