@@ -49,9 +49,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except ModuleNotFoundError as err:
+        if not _is_tool_module(err.name):
+            raise
+        print(f"error: `specdecode {args.command}` needs the tools, which are not installed "
+              f"(no module {err.name!r}): {TOOLS_INSTALL}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+# The tools (simulator, benchmark, demo, local stack) and the packages only they use are an
+# extra, absent from the operator image; the commands that need them import them lazily.
+TOOLS_INSTALL = "pip install 'specdecode-operator[tools]'"
+TOOL_ONLY_PACKAGES = ("specdecode.tools", "rich", "matplotlib", "numpy")
+
+
+def _is_tool_module(name: str | None) -> bool:
+    return bool(name) and any(name == p or name.startswith(p + ".") for p in TOOL_ONLY_PACKAGES)
 
 
 def _import_commands() -> None:

@@ -21,8 +21,6 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_NAME_VALUE = "vllm"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_MANAGED_BY_VALUE = OPERATOR_NAME
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_COMPONENT_VALUE = "inference-server"
 LABEL_SERVICE = f"{GROUP}/service"
 LABEL_CONFIG_HASH = f"{GROUP}/config-hash"
 # Pods of a canary experiment; the main Deployment's pods never carry it.
@@ -53,7 +51,6 @@ PHASE_PENDING = "Pending"
 PHASE_PROGRESSING = "Progressing"
 PHASE_SERVING = "Serving"
 PHASE_DEGRADED = "Degraded"
-PHASES = [PHASE_PENDING, PHASE_PROGRESSING, PHASE_SERVING, PHASE_DEGRADED]
 
 # Condition types.
 COND_READY = "Ready"
@@ -65,16 +62,6 @@ COND_DRAFT_COMPATIBLE = "DraftCompatible"
 COND_MODEL_CACHE_EPHEMERAL = "ModelCacheEphemeral"
 # True while a canary experiment runs; neutral for GitOps health (the main Deployment serves).
 COND_EXPERIMENTING = "Experimenting"
-CONDITION_TYPES = [
-    COND_READY,
-    COND_PROGRESSING,
-    COND_DEGRADED,
-    COND_SPECULATION_EFFECTIVE,
-    COND_METRICS_AVAILABLE,
-    COND_DRAFT_COMPATIBLE,
-    COND_MODEL_CACHE_EPHEMERAL,
-    COND_EXPERIMENTING,
-]
 
 # Condition reasons (CamelCase, as Kubernetes conventions ask).
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -83,7 +70,6 @@ REASON_ROLLOUT_COMPLETE = "RolloutComplete"
 REASON_DEPLOYMENT_MISSING = "DeploymentMissing"
 REASON_UNAVAILABLE = "ReplicasUnavailable"
 REASON_AVAILABLE = "ReplicasAvailable"
-REASON_RECONCILED = "Reconciled"
 REASON_APPLY_FAILED = "ApplyFailed"
 REASON_SPECULATION_ON = "SpeculationOn"
 REASON_SPECULATION_OFF = "SpeculationOff"

@@ -6,7 +6,7 @@ import pytest
 
 from specdecode import api
 from specdecode import constants as C
-from specdecode.render import (
+from specdecode.render.workload import (
     SpeculationChoice, canary_name, experiment_blocker, render_all, render_canary, render_deployment,
 )
 

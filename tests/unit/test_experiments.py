@@ -114,7 +114,7 @@ def test_the_reported_interval_contains_the_estimate_and_promotion_needs_a_faste
 from specdecode import api  # noqa: E402
 from specdecode import constants as C  # noqa: E402
 from specdecode.control.experiments import Experiment, Purpose, settings_from_spec  # noqa: E402
-from specdecode.metrics import ConfigKey, Observation  # noqa: E402
+from specdecode.control.metrics import ConfigKey, Observation  # noqa: E402
 
 
 def observation(config_hash: str, tpot: float, requests: float, at: float, tpot_p95: float | None = None) -> Observation:

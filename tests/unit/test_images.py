@@ -18,6 +18,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"operator": ["specdecode", "run"], "sim": ["specdecode", "sim"]}
 LOCK = REPO / "images" / "requirements.lock"
+# The operator image installs the runtime alone; the simulator image the runtime and the tools.
+LOCKS = {"operator": (LOCK, ()), "sim": (REPO / "images" / "requirements-sim.lock", ("tools",))}
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # A full Python version on a slim Debian base, optionally with its digest.
 PINNED_PYTHON = re.compile(r"^python:(?P<version>\d+\.\d+\.\d+)-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?$")
@@ -198,32 +200,62 @@ REGENERATE_LOCK = ("regenerate it with `pip install uv` and the command in its h
                    "(uv pip compile pyproject.toml --python-version 3.11 ...)")
 
 
-def test_lock_pins_every_dependency_with_hashes():
-    from packaging.requirements import Requirement
+def _pins(lock: Path) -> dict:
     from packaging.utils import canonicalize_name
     from packaging.version import Version
 
-    text = LOCK.read_text()
-    pins: dict[str, Version] = {}
-    for block in re.split(r"\n(?=[A-Za-z0-9])", text):
+    pins = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
         head = block.strip().splitlines()[0] if block.strip() else ""
         match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", head)
         if not match:
             continue
         assert "--hash=sha256:" in block, f"{match[1]} has no hash"
         pins[canonicalize_name(match[1])] = Version(match[2])
-    for dependency in PYPROJECT["project"]["dependencies"]:
-        requirement = Requirement(dependency)
+    return pins
+
+
+def _requirements(extras) -> list:
+    from packaging.requirements import Requirement
+
+    listed = PYPROJECT["project"]["dependencies"] + [
+        d for extra in extras for d in PYPROJECT["project"]["optional-dependencies"][extra]]
+    return [Requirement(d) for d in listed]
+
+
+@pytest.mark.parametrize("image", LOCKS)
+def test_lock_pins_every_dependency_with_hashes(image):
+    from packaging.utils import canonicalize_name
+
+    lock, extras = LOCKS[image]
+    pins = _pins(lock)
+    for extra in extras:
+        assert f"--extra {extra}" in lock.read_text().splitlines()[1], f"{lock.name} is not compiled with [{extra}]"
+    for requirement in _requirements(extras):
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{requirement.name} is not in images/requirements.lock: {REGENERATE_LOCK}"
+        assert name in pins, f"{requirement.name} is not in {lock.name}: {REGENERATE_LOCK}"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"{requirement.name}=={pins[name]} is outside {requirement.specifier}: {REGENERATE_LOCK}")
 
 
-def test_lock_targets_the_images_python():
-    version = PINNED_PYTHON.match(dockerfile("operator").resolve(dockerfile("operator").final.base))["version"]
+def test_operator_image_carries_the_runtime_alone():
+    """Neither the tools' code nor their dependencies go into the operator image."""
+    from packaging.utils import canonicalize_name
+
+    pins = _pins(LOCK)
+    for requirement in _requirements(["tools"])[len(PYPROJECT["project"]["dependencies"]):]:
+        assert canonicalize_name(requirement.name) not in pins, f"{requirement.name} is in the operator's lock"
+    operator, sim = _ignore_patterns("operator"), _ignore_patterns("sim")
+    assert not _sent(operator, "operator/specdecode/tools/sim/fleet.py")
+    assert _sent(operator, "operator/specdecode/shell/handlers.py")
+    assert _sent(sim, "operator/specdecode/tools/sim/fleet.py")
+
+
+@pytest.mark.parametrize("image", LOCKS)
+def test_lock_targets_the_images_python(image):
+    version = PINNED_PYTHON.match(dockerfile(image).resolve(dockerfile(image).final.base))["version"]
     minor = ".".join(version.split(".")[:2])
-    assert f"--python-version {minor}" in LOCK.read_text().splitlines()[1]
+    assert f"--python-version {minor}" in LOCKS[image][0].read_text().splitlines()[1]
 
 
 @pytest.mark.parametrize("image", IMAGES)

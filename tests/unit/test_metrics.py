@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from specdecode import constants, metrics, promql
-from specdecode.metrics import (
+from specdecode import constants
+from specdecode import metricnames as N
+from specdecode.control import metrics, promql
+from specdecode.control.metrics import (
     ConfigKey,
     MetricsSnapshot,
     MetricsUnavailable,
@@ -80,7 +82,7 @@ def full_results(alpha: float = 0.8, k: int = 3, drafts: float = 1000.0) -> dict
         "waiting": vec(0.5),
         "kv_cache_usage": vec(0.4),
         "newest_sample": vec(995.0),
-        "pods": vec(2.0, __name__=metrics.METRIC_RUNNING),
+        "pods": vec(2.0, __name__=N.RUNNING),
     }
 
 
@@ -230,7 +232,7 @@ class TestObservations:
         obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
         assert obs.metric_spellings == ("vllm_",) and obs.to_status()["metricNames"] == "vllm_"
         assert obs.pods == 2
-        results["pods"] += vec(1.0, __name__=metrics.METRIC_RUNNING)
+        results["pods"] += vec(1.0, __name__=N.RUNNING)
         obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
         assert obs.pods == 3 and obs.metric_names == "vllm: and vllm_"
 
@@ -281,19 +283,19 @@ def pod_series(
         return RawSeries({"__name__": name, **base, **extra}, samples, stale_at)
 
     out = [
-        counter(metrics.METRIC_DRAFTS, drafts_per_s),
-        counter(metrics.METRIC_DRAFT_TOKENS, drafts_per_s * k),
-        counter(metrics.METRIC_ACCEPTED_TOKENS, drafts_per_s * sum(alpha ** (i + 1) for i in range(k))),
-        counter(metrics.METRIC_E2E + "_count", 1.0),
-        counter(metrics.METRIC_E2E + "_sum", 2.0),
-        RawSeries({"__name__": metrics.METRIC_RUNNING, **base}, [(t, running) for t in times], stale_at),
+        counter(N.total(N.SPEC_DRAFTS), drafts_per_s),
+        counter(N.total(N.SPEC_DRAFT_TOKENS), drafts_per_s * k),
+        counter(N.total(N.SPEC_ACCEPTED_TOKENS), drafts_per_s * sum(alpha ** (i + 1) for i in range(k))),
+        counter(N.E2E + "_count", 1.0),
+        counter(N.E2E + "_sum", 2.0),
+        RawSeries({"__name__": N.RUNNING, **base}, [(t, running) for t in times], stale_at),
     ]
     out += [
-        counter(metrics.METRIC_ACCEPTED_PER_POS, drafts_per_s * alpha ** (i + 1), position=str(i))
+        counter(N.total(N.SPEC_ACCEPTED_PER_POS), drafts_per_s * alpha ** (i + 1), position=str(i))
         for i in range(k)
     ]
     for bound, share in [("1.0", 0.0), ("2.5", 1.0), ("+Inf", 1.0)]:
-        out.append(counter(metrics.METRIC_E2E + "_bucket", share, le=bound))
+        out.append(counter(N.E2E + "_bucket", share, le=bound))
     return out
 
 

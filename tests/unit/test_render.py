@@ -11,7 +11,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdecode import api, constants as C, render, vllm
+from specdecode import api, constants as C
+from specdecode.render import workload as render, vllm_args as vllm
 
 from .conftest import KUBERNETES_SCHEMA_VERSION, REPO, SAMPLES, load_yaml, service_doc
 
@@ -317,3 +318,17 @@ def test_a_named_claim_is_the_model_cache_unless_type_says_otherwise(minimal_spe
     objects = render.render_all(_service({**minimal_spec, "modelCache": cache}), render.SpeculationChoice(k=3))
     volumes = {v["name"]: v for v in _deployment(objects)["spec"]["template"]["spec"]["volumes"]}
     assert volumes["model-cache"] == {"name": "model-cache", **volume}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--max-num-seqs", "8"], "8"),
+    (["--max-num-seqs=8"], "8"),
+    (["-dp", "2", "--data-parallel-size=4"], "4"),  # spellings of one option: the last wins
+    (["--max-num-seqs", "8", "--max-num-seqs", "16"], "16"),
+    (["--max-num-seqs"], None),  # no value after it
+    (["--max-num-seqs-x", "8"], None),
+])
+def test_flag_value_reads_a_command_line_as_argparse_does(args, expected):
+    """The one reader of `--flag value` used by rendering and the simulator."""
+    names = ("--data-parallel-size", "-dp") if "-dp" in args else ("--max-num-seqs",)
+    assert vllm.flag_value(args, *names) == expected

@@ -1,6 +1,6 @@
 """`specdecode diagnose -f LOGFILE [--spec FILE]`: why a vLLM pod will not start, from its log.
 
-The same classifier the operator runs on failing pods (specdecode.failures), for a log a
+The same classifier the operator runs on failing pods (specdecode.control.failures), for a log a
 user saved or pipes in (`kubectl logs POD --previous | specdecode diagnose -f -`). The pod's
 speculation words the fixes that depend on it (memory, a missing draft): from the
 SpecDecodeService given with `--spec`, else from the arguments vLLM logs at start-up.
@@ -10,6 +10,7 @@ Exit codes: 0 classified, 1 unknown, 2 unreadable file.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import TextIO
 
@@ -46,7 +47,7 @@ def read_log(path: str) -> str:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from ..failures import PodSpeculation, classify_log, speculation_from_log
+    from ..control.failures import PodSpeculation, classify_log, speculation_from_log
 
     text = read_log(args.filename)
     if args.spec:
@@ -57,7 +58,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
     else:
         speculation = speculation_from_log(text)
     diagnosis = classify_log(text, speculation)
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and importlib.util.find_spec("rich") is not None:  # rich is in the tools extra
         _print_rich(diagnosis)
     else:
         _print_plain(diagnosis, sys.stdout)

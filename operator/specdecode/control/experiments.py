@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Optional
 from specdecode import api, timestamps
 
 if TYPE_CHECKING:
-    from specdecode.metrics import Observation
+    from specdecode.control.metrics import Observation
 
 
 class Verdict(StrEnum):
