@@ -109,11 +109,11 @@ class Evaluator:
         evaluated it. `body` is the object as kopf last saw it (no API read per tick); a tick
         that is not due returns before parsing it, while the spec's generation is unchanged."""
         now = self.clock()
+        body = dict(body)  # one version of the object (kopf's view follows the watch)
         meta = body["metadata"]
         generation = meta.get("generation")
         if memory.quiet(generation, now.timestamp()):
             return None
-        body = dict(body)  # one version of the object from here on (kopf replaces its view)
         namespace, name = meta["namespace"], meta["name"]
         if meta.get("deletionTimestamp"):
             return None

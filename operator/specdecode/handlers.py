@@ -186,6 +186,9 @@ def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Me
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kopf.OperatorRegistry:
     """Which kopf event calls which handler. The timers' intervals are the settings' (kopf
     reads them at registration), so the settings are an argument, not an import-time global."""
+    # A registry of our own has none of the logins kopf's default one brings: log in as the
+    # kubernetes client does (in the pod: its service account; else $KUBECONFIG), like `Kube`.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(operator_startup)
     for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
         on(*RESOURCE, registry=registry, backoff=UNEXPECTED_ERROR_BACKOFF_S)(sds_reconcile)

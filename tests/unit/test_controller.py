@@ -71,6 +71,21 @@ def _controller(kube, max_replicas=None):
     return Controller(kube, clock=lambda: T0, max_replicas=max_replicas)
 
 
+def _reconciled(max_replicas=None):
+    """A new service after its first reconcile."""
+    kube = MemoryKube()
+    kube.create_service(SPEC)
+    controller = _controller(kube, max_replicas)
+    assert controller.reconcile("team-a", "llama") == "ok"
+    return kube, controller
+
+
+def _writes_nothing(kube, controller, outcome="ok"):
+    before = kube.writes.count()
+    assert controller.reconcile("team-a", "llama") == outcome
+    assert kube.writes.count() == before
+
+
 def _ready(kube, replicas=2):
     """The Deployment controller's report that every replica of the rendered template is Ready."""
     deployment = kube.get("apps/v1", "Deployment", "llama", "team-a")
@@ -84,9 +99,7 @@ def _condition(status, type_):
 
 
 def test_a_new_service_gets_its_children_a_progressing_status_and_one_applied_event():
-    kube = MemoryKube()
-    kube.create_service(SPEC)
-    assert _controller(kube).reconcile("team-a", "llama") == "ok"
+    kube, _ = _reconciled()
     assert {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor"} <= set(kube.writes.applied)
     [status] = kube.writes.status
     assert status["phase"] == "Progressing"
@@ -97,20 +110,11 @@ def test_a_new_service_gets_its_children_a_progressing_status_and_one_applied_ev
 
 
 def test_a_pass_with_nothing_new_writes_nothing():
-    kube = MemoryKube()
-    kube.create_service(SPEC)
-    controller = _controller(kube)
-    controller.reconcile("team-a", "llama")
-    before = kube.writes.count()
-    assert controller.reconcile("team-a", "llama") == "ok"
-    assert kube.writes.count() == before
+    _writes_nothing(*_reconciled())
 
 
 def test_a_ready_rollout_turns_the_service_serving_without_applying_anything():
-    kube = MemoryKube()
-    kube.create_service(SPEC)
-    controller = _controller(kube)
-    controller.reconcile("team-a", "llama")
+    kube, controller = _reconciled()
     _ready(kube)
     applied, events = len(kube.writes.applied), len(kube.writes.events)
     controller.reconcile("team-a", "llama")
@@ -119,16 +123,11 @@ def test_a_ready_rollout_turns_the_service_serving_without_applying_anything():
     assert status["speculation"]["live"] is True and status["speculation"]["liveSince"]
     assert _condition(status, "Ready")["status"] == "True"
     assert len(kube.writes.applied) == applied and len(kube.writes.events) == events
-    before = kube.writes.count()
-    controller.reconcile("team-a", "llama")
-    assert kube.writes.count() == before
+    _writes_nothing(kube, controller)
 
 
 def test_a_bad_edit_is_reported_once_and_leaves_the_children_alone():
-    kube = MemoryKube()
-    kube.create_service(SPEC)
-    controller = _controller(kube, max_replicas=4)
-    controller.reconcile("team-a", "llama")
+    kube, controller = _reconciled(max_replicas=4)
     _ready(kube)
     controller.reconcile("team-a", "llama")
     deployment = kube.get("apps/v1", "Deployment", "llama", "team-a")
@@ -140,9 +139,7 @@ def test_a_bad_edit_is_reported_once_and_leaves_the_children_alone():
     status = kube.service()["status"]
     assert "spec.replicas: 5" in " ".join(c.get("message", "") for c in status["conditions"])
     assert kube.get("apps/v1", "Deployment", "llama", "team-a") == deployment
-    writes = kube.writes.count()
-    assert controller.reconcile("team-a", "llama") == "invalid_spec"
-    assert kube.writes.count() == writes
+    _writes_nothing(kube, controller, "invalid_spec")
 
 
 def test_a_deleted_service_loses_its_operator_metrics():
@@ -150,10 +147,7 @@ def test_a_deleted_service_loses_its_operator_metrics():
 
     from specdecode import instrumentation
 
-    kube = MemoryKube()
-    kube.create_service(SPEC)
-    controller = _controller(kube)
-    controller.reconcile("team-a", "llama")
+    kube, controller = _reconciled()
     instrumentation.record_decision("team-a", "llama", "disable", "Auto")
     instrumentation.record_decision("team-a", "other", "disable", "Auto")
     labels = {"namespace": "team-a", "specdecode_service": "llama"}
