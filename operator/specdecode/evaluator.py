@@ -26,7 +26,6 @@ from kubernetes.client.exceptions import ApiException
 from . import api
 from . import constants as C
 from . import crashpoints, evaluation, instrumentation, metrics, policy
-from . import status as st
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
@@ -68,7 +67,7 @@ class ServiceMemory:
     """What that evaluation measured: newer than status.observations, which moves only materially."""
     rule: str = ""
     """The policy rule that decided then: a new rule makes its advice worth a status write."""
-    _quiet: Optional[tuple[Optional[int], float]] = None
+    _quiet: Optional[tuple[Optional[int], float]] = field(default=None, repr=False)
     """(generation, until): ticks before `until` return at once while the spec is that generation."""
 
     def quiet(self, generation: Optional[int], now: float) -> bool:
