@@ -302,7 +302,7 @@ def _status_with_names(names: str | None) -> api.SpecDecodeServiceStatus:
 
 def test_the_spelling_found_is_logged_when_it_first_shows_and_when_it_changes(caplog):
     evaluator = Evaluator(kube=None, controller=None, settings=OperatorSettings())
-    with caplog.at_level(logging.INFO, logger="specdecode.evaluator"):
+    with caplog.at_level(logging.INFO, logger="specdecode.shell.evaluator"):
         evaluator._log_metric_names("team-a", "llama", _status_with_names(None), _status_with_names("vllm_"))
         evaluator._log_metric_names("team-a", "llama", _status_with_names("vllm_"), _status_with_names("vllm_"))
         evaluator._log_metric_names("team-a", "llama", _status_with_names("vllm_"), _status_with_names("vllm:"))

@@ -66,7 +66,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from .. import settings as settings_module
+    from ..shell import settings as settings_module
     from ..redaction import install_log_redaction
 
     overrides = {
