@@ -1,4 +1,4 @@
-"""An in-memory stand-in for `specdecode.kube.Kube`, the shell's one API boundary, for unit
+"""An in-memory stand-in for `specdecode.shell.kube.Kube`, the shell's one API boundary, for unit
 tests of the shell's decisions (what it writes to status, which Events it posts, which
 children it applies). It keeps objects as the apiserver would return them (with a
 resourceVersion that moves on every write, and status writes guarded by it) and records
@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 from specdecode import constants as C
-from specdecode.kube import Conflict
+from specdecode.shell.kube import Conflict
 
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
 

@@ -10,7 +10,7 @@ import pytest
 
 from specdecode import api
 from specdecode import constants as C
-from specdecode.controller import check_replicas
+from specdecode.shell.controller import check_replicas
 
 from ..spec_corpus import spec_with
 from .memory_kube import MemoryKube
@@ -46,8 +46,8 @@ class _OneKindFails:
 
 
 def test_one_failing_child_does_not_stop_the_others():
-    from specdecode import render
-    from specdecode.controller import Controller
+    from specdecode.render import workload as render
+    from specdecode.shell.controller import Controller
 
     service = api.parse_service({"apiVersion": "serving.specdecode.io/v1alpha1", "kind": "SpecDecodeService",
                                  "metadata": {"name": "svc", "namespace": "ns"}, "spec": spec_with({"replicas": 2})})
@@ -66,7 +66,7 @@ SPEC = spec_with({"replicas": 2})
 
 
 def _controller(kube, max_replicas=None):
-    from specdecode.controller import Controller
+    from specdecode.shell.controller import Controller
 
     return Controller(kube, clock=lambda: T0, max_replicas=max_replicas)
 
@@ -145,7 +145,7 @@ def test_a_bad_edit_is_reported_once_and_leaves_the_children_alone():
 def test_a_deleted_service_loses_its_operator_metrics():
     from prometheus_client import REGISTRY
 
-    from specdecode import instrumentation
+    from specdecode.shell import instrumentation
 
     kube, controller = _reconciled()
     instrumentation.record_decision("team-a", "llama", "disable", "Auto")

@@ -16,13 +16,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from specdecode import api, evaluation, metrics, perfmodel
+from specdecode import api, evaluation
+from specdecode.control import metrics, perfmodel
 from specdecode import constants as C
 from specdecode import status as st
-from specdecode.evaluator import Evaluator, ServiceMemory
-from specdecode.kube import Conflict
-from specdecode.metrics import ConfigKey
-from specdecode.settings import OperatorSettings
+from specdecode.shell.evaluator import Evaluator, ServiceMemory
+from specdecode.shell.kube import Conflict
+from specdecode.control.metrics import ConfigKey
+from specdecode.shell.settings import OperatorSettings
 from specdecode.timestamps import rfc3339
 
 from .memory_kube import MemoryKube

@@ -12,9 +12,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from specdecode import constants as C
-from specdecode import handlers
-from specdecode.kube import Conflict
-from specdecode.settings import OperatorSettings
+from specdecode.shell import handlers
+from specdecode.shell.kube import Conflict
+from specdecode.shell.settings import OperatorSettings
 
 from ..spec_corpus import spec_with
 from .memory_kube import MemoryKube
@@ -87,7 +87,7 @@ class _Down(MemoryKube):
 
 def test_a_forbidden_read_of_the_service_logs_the_fix(caplog):
     memo = _per_object(_started(_Down()))
-    with caplog.at_level(logging.ERROR, logger="specdecode.handlers"):
+    with caplog.at_level(logging.ERROR, logger="specdecode.shell.handlers"):
         with pytest.raises(kopf.TemporaryError, match=r"reconcile failed \(403 Forbidden\); retry 1 in"):
             handlers.sds_reconcile(namespace="team-a", name="llama", memo=memo, retry=0)
     [record] = caplog.records
@@ -102,7 +102,7 @@ def test_a_deployment_event_reconciles_its_service_and_never_raises(caplog):
                               memo=_per_object(memo))
     assert kube.service()["status"]["phase"] == "Progressing"
     down = _started(_Down())
-    with caplog.at_level(logging.WARNING, logger="specdecode.handlers"):
+    with caplog.at_level(logging.WARNING, logger="specdecode.shell.handlers"):
         handlers.deployment_event(type="MODIFIED", namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
                                   memo=_per_object(down))
     assert any("team-a/llama: reconcile failed (403 Forbidden)" in r.getMessage() for r in caplog.records)

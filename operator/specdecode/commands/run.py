@@ -103,7 +103,7 @@ def run_operator(args: argparse.Namespace) -> int:
     install_log_redaction()
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    from .. import handlers
+    from ..shell import handlers
 
     kopf.run(
         registry=handlers.register(kopf.OperatorRegistry(), settings),

@@ -23,9 +23,11 @@ from typing import Any, Callable, Mapping, Optional
 
 from kubernetes.client.exceptions import ApiException
 
-from . import api
-from . import constants as C
-from . import crashpoints, evaluation, instrumentation, metrics, policy
+from .. import api
+from .. import constants as C
+from . import crashpoints, instrumentation
+from .. import evaluation, policy
+from ..control import metrics
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
@@ -95,7 +97,7 @@ class Evaluator:
         self.settings = settings
         self.clock = clock
         self.reader_factory = reader_factory
-        self.log = logging.getLogger("specdecode.evaluator")
+        self.log = logging.getLogger("specdecode.shell.evaluator")
         # One read per Prometheus and tick, shared by every service (single-flight).
         self._reads: dict[tuple, _CachedRead] = {}
         self._reads_lock = threading.Lock()

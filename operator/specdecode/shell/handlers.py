@@ -52,7 +52,7 @@ class Memo:
         """Build the API client, the controller and the evaluator (once per process)."""
         kube = self.kube_factory()
         cache_root = Path(self.settings.model_cache_root) if self.settings.model_cache_root else None
-        self.controller = Controller(kube, logger=logging.getLogger("specdecode.controller"),
+        self.controller = Controller(kube, logger=logging.getLogger("specdecode.shell.controller"),
                                      model_cache_root=cache_root, max_replicas=self.settings.max_replicas)
         self.evaluator = Evaluator(kube, self.controller, self.settings)
 
@@ -180,7 +180,7 @@ def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Me
             _reconcile(memo, namespace, owner, retry=0)
         except kopf.TemporaryError as err:
             # Event handlers are not retried: the service's own handlers and timer repair it.
-            logging.getLogger("specdecode.handlers").warning("%s/%s: %s", namespace, owner, err)
+            logging.getLogger("specdecode.shell.handlers").warning("%s/%s: %s", namespace, owner, err)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kopf.OperatorRegistry:
