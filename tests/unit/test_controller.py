@@ -1,13 +1,19 @@
-"""The controller's pure checks: the operator's own ceiling on replicas."""
+"""The reconcile shell: the operator's own ceiling on replicas, and what one pass writes to
+the API (children, status, Events) for a given object, with the API replaced by an in-memory
+stand-in (tests/unit/memory_kube.py)."""
 
 from __future__ import annotations
+
+from datetime import datetime, timezone
 
 import pytest
 
 from specdecode import api
+from specdecode import constants as C
 from specdecode.shell.controller import check_replicas
 
 from ..spec_corpus import spec_with
+from .memory_kube import MemoryKube
 
 
 def test_replicas_above_the_operator_limit_name_the_setting():
@@ -40,8 +46,6 @@ class _OneKindFails:
 
 
 def test_one_failing_child_does_not_stop_the_others():
-    from datetime import datetime, timezone
-
     from specdecode.render import workload as render
     from specdecode.shell.controller import Controller
 
@@ -53,3 +57,106 @@ def test_one_failing_child_does_not_stop_the_others():
     assert "Service" not in applied and {"Deployment", "PodDisruptionBudget", "PodMonitor"} <= set(applied)
     assert error is not None and "applying Service failed: 500" in error
     assert deployment is not None
+
+
+# ------------------------------------------------------------------ what one reconcile writes
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+SPEC = spec_with({"replicas": 2})
+
+
+def _controller(kube, max_replicas=None):
+    from specdecode.shell.controller import Controller
+
+    return Controller(kube, clock=lambda: T0, max_replicas=max_replicas)
+
+
+def _reconciled(max_replicas=None):
+    """A new service after its first reconcile."""
+    kube = MemoryKube()
+    kube.create_service(SPEC)
+    controller = _controller(kube, max_replicas)
+    assert controller.reconcile("team-a", "llama") == "ok"
+    return kube, controller
+
+
+def _writes_nothing(kube, controller, outcome="ok"):
+    before = kube.writes.count()
+    assert controller.reconcile("team-a", "llama") == outcome
+    assert kube.writes.count() == before
+
+
+def _ready(kube, replicas=2):
+    """The Deployment controller's report that every replica of the rendered template is Ready."""
+    deployment = kube.get("apps/v1", "Deployment", "llama", "team-a")
+    kube.set_child_status("apps/v1", "Deployment", "llama", "team-a", {
+        "observedGeneration": deployment["metadata"]["generation"], "replicas": replicas,
+        "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas})
+
+
+def _condition(status, type_):
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_a_new_service_gets_its_children_a_progressing_status_and_one_applied_event():
+    kube, _ = _reconciled()
+    assert {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor"} <= set(kube.writes.applied)
+    [status] = kube.writes.status
+    assert status["phase"] == "Progressing"
+    assert status["speculation"]["enabled"] is True and status["speculation"]["live"] is False
+    assert _condition(status, "Ready")["status"] == "False"
+    [event] = kube.writes.events
+    assert event[:2] == ("Normal", C.EVENT_APPLIED) and "Deployment" in event[2]
+
+
+def test_a_pass_with_nothing_new_writes_nothing():
+    _writes_nothing(*_reconciled())
+
+
+def test_a_ready_rollout_turns_the_service_serving_without_applying_anything():
+    kube, controller = _reconciled()
+    _ready(kube)
+    applied, events = len(kube.writes.applied), len(kube.writes.events)
+    controller.reconcile("team-a", "llama")
+    status = kube.service()["status"]
+    assert status["phase"] == "Serving" and status["readyReplicas"] == 2
+    assert status["speculation"]["live"] is True and status["speculation"]["liveSince"]
+    assert _condition(status, "Ready")["status"] == "True"
+    assert len(kube.writes.applied) == applied and len(kube.writes.events) == events
+    _writes_nothing(kube, controller)
+
+
+def test_a_bad_edit_is_reported_once_and_leaves_the_children_alone():
+    kube, controller = _reconciled(max_replicas=4)
+    _ready(kube)
+    controller.reconcile("team-a", "llama")
+    deployment = kube.get("apps/v1", "Deployment", "llama", "team-a")
+    kube.edit_spec({"replicas": 5})
+    before = len(kube.writes.events)
+    assert controller.reconcile("team-a", "llama") == "invalid_spec"
+    [event] = kube.writes.events[before:]
+    assert event[:2] == ("Warning", C.EVENT_INVALID_SPEC) and "spec.replicas: 5" in event[2]
+    status = kube.service()["status"]
+    assert "spec.replicas: 5" in " ".join(c.get("message", "") for c in status["conditions"])
+    assert kube.get("apps/v1", "Deployment", "llama", "team-a") == deployment
+    _writes_nothing(kube, controller, "invalid_spec")
+
+
+def test_a_deleted_service_loses_its_operator_metrics():
+    from prometheus_client import REGISTRY
+
+    from specdecode.shell import instrumentation
+
+    kube, controller = _reconciled()
+    instrumentation.record_decision("team-a", "llama", "disable", "Auto")
+    instrumentation.record_decision("team-a", "other", "disable", "Auto")
+    labels = {"namespace": "team-a", "specdecode_service": "llama"}
+    assert REGISTRY.get_sample_value("specdecode_speculation_enabled", labels) == 1
+    assert REGISTRY.get_sample_value("specdecode_decisions_total", {**labels, "action": "disable", "mode": "Auto"}) == 1
+    del kube.objects[(C.API_VERSION, C.KIND, "team-a", "llama")]
+    assert controller.reconcile("team-a", "llama") == "gone"
+    assert REGISTRY.get_sample_value("specdecode_speculation_enabled", labels) is None
+    assert REGISTRY.get_sample_value("specdecode_decisions_total", {**labels, "action": "disable", "mode": "Auto"}) is None
+    other = {"namespace": "team-a", "specdecode_service": "other", "action": "disable", "mode": "Auto"}
+    assert REGISTRY.get_sample_value("specdecode_decisions_total", other) == 1
+    instrumentation.forget_service("team-a", "other")

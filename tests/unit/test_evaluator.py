@@ -1,27 +1,32 @@
 """The evaluator's cost: one Prometheus read per tick whatever the number of services and
-callers, and no status write for an evaluation that changes nothing a user or a restarted
-operator reads.
+callers, no API read per tick, and no status write for an evaluation that changes nothing a
+user or a restarted operator reads; and what an evaluation writes (status, Events, a
+re-render) when it does change something, including after an operator restart.
 
 The Kubernetes API and Prometheus are replaced here by in-memory stand-ins that count calls
 (the e2e suite and `specdecode bench fleet` measure the same on the real parts)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 import threading
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from specdecode import api, evaluation
 from specdecode.control import metrics, perfmodel
+from specdecode import constants as C
 from specdecode import status as st
-from specdecode.shell.evaluator import Evaluator
+from specdecode.shell.evaluator import Evaluator, ServiceMemory
+from specdecode.shell.kube import Conflict
 from specdecode.control.metrics import ConfigKey
 from specdecode.shell.settings import OperatorSettings
 from specdecode.timestamps import rfc3339
 
+from .memory_kube import MemoryKube
 from .test_policy import TRUTH, observe
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
@@ -61,28 +66,6 @@ class FakeController:
 
     def reconcile(self, namespace, name):
         self.reconciles += 1
-
-
-class FakeKube:
-    """Holds one SpecDecodeService and counts the reads and writes the evaluator sends."""
-
-    def __init__(self, body):
-        self.body = body
-        self.gets = 0
-        self.status_writes = 0
-        self.events: list[tuple] = []
-
-    def get(self, api_version, kind, name, namespace):
-        self.gets += 1
-        return copy.deepcopy(self.body)
-
-    def replace_status(self, obj, status):
-        self.status_writes += 1
-        self.body["status"] = copy.deepcopy(status)
-        return self.body
-
-    def post_event(self, owner, type_, reason, message, now):
-        self.events.append((type_, reason, message))
 
 
 def _scopes(n: int) -> tuple[metrics.QueryScope, ...]:
@@ -172,11 +155,11 @@ def _safe(call):
 # --------------------------------------------------------------------------- status writes
 
 
-def _steady_service() -> tuple[dict, int]:
+def _steady_service(mode: str = "Auto") -> tuple[dict, int]:
     best = perfmodel.best_config(TRUTH, WORKLOAD)
     spec = {"model": {"name": "m"}, "speculation": {"method": "draft_model", "draftModel": "d",
                                                      "numSpeculativeTokens": best},
-            "autotune": {"mode": "Auto", "evaluationInterval": "30s"}}
+            "autotune": {"mode": mode, "evaluationInterval": "30s"}}
     parsed = api.parse_spec(spec)
     status = api.SpecDecodeServiceStatus(
         phase="Serving", ready_replicas=1,
@@ -184,10 +167,18 @@ def _steady_service() -> tuple[dict, int]:
             enabled=True, k=best, method="draft_model", since=rfc3339(T0 - timedelta(hours=2)),
             live_since=rfc3339(T0 - timedelta(hours=2)), config_hash="abc", live=True,
             spec_hash=st.declared_speculation_hash(parsed)))
-    body = {"apiVersion": "serving.specdecode.io/v1alpha1", "kind": "SpecDecodeService",
-            "metadata": {"namespace": "ns", "name": "llama", "generation": 1, "uid": "u"},
-            "spec": spec, "status": status.to_wire()}
-    return body, best
+    return {"spec": spec, "status": status.to_wire()}, best
+
+
+def _kube(service: dict) -> MemoryKube:
+    kube = MemoryKube()
+    kube.create_service(service["spec"], name="llama", namespace="ns", status=service["status"])
+    return kube
+
+
+def _tick(ev: Evaluator, kube: MemoryKube, memory: ServiceMemory):
+    """One timer tick: kopf hands over the object as it last saw it."""
+    return ev.evaluate_if_due(kube.service("llama", "ns"), memory)
 
 
 def _noisy_snapshots(k: int, seed: int = 3):
@@ -205,28 +196,29 @@ def _noisy_snapshots(k: int, seed: int = 3):
 
 
 def test_a_steady_service_costs_no_status_writes():
-    body, best = _steady_service()
-    kube = FakeKube(body)
+    service, best = _steady_service()
+    kube = _kube(service)
     now = [T0]
-    ev = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0])
+    ev, memory = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0]), ServiceMemory()
     decisions = []
     for minute in range(60):
         for half in range(2):
             now[0] = T0 + timedelta(minutes=minute, seconds=30 * half)
-            decision = ev.evaluate_if_due("ns", "llama")
+            decision = _tick(ev, kube, memory)
             if decision is not None and decision.changes:
                 decisions.append(decision)
     assert decisions == []
     # The first evaluation writes the observations and conditions; the next 119 say nothing new.
-    assert kube.status_writes <= 2, kube.status_writes
-    assert kube.events == []
-    stored = kube.body["status"]
+    assert len(kube.writes.status) <= 2, kube.writes.status
+    assert kube.writes.events == []
+    assert kube.reads == 0  # every tick works on the object kopf passes
+    stored = kube.service("llama", "ns")["status"]
     assert abs(stored["observations"]["alpha"] - 0.8) < evaluation.ALPHA_WRITE_DELTA
 
 
 def test_a_material_change_is_written():
-    body, best = _steady_service()
-    kube = FakeKube(body)
+    service, best = _steady_service()
+    kube = _kube(service)
     now = [T0]
     shift = {"alpha": 0.8}
 
@@ -235,32 +227,40 @@ def test_a_material_change_is_written():
                         for scope in scopes}
         return metrics.MetricsSnapshot(evaluated_at=at, observations=observations, queries=1)
 
-    ev = _evaluator(CountingReader(snapshot=snapshot), kube, clock=lambda: now[0])
-    ev.evaluate_if_due("ns", "llama")
-    written = kube.status_writes
+    ev, memory = _evaluator(CountingReader(snapshot=snapshot), kube, clock=lambda: now[0]), ServiceMemory()
+    _tick(ev, kube, memory)
+    written = len(kube.writes.status)
     shift["alpha"] = 0.74  # acceptance fell by more than the noise band
     now[0] = T0 + timedelta(seconds=30)
-    ev.evaluate_if_due("ns", "llama")
-    assert kube.status_writes == written + 1
-    assert kube.body["status"]["observations"]["alpha"] < 0.76
+    _tick(ev, kube, memory)
+    assert len(kube.writes.status) == written + 1
+    assert kube.service("llama", "ns")["status"]["observations"]["alpha"] < 0.76
 
 
-def test_a_restarted_operator_evaluates_from_the_stored_status():
-    body, best = _steady_service()
-    kube = FakeKube(body)
+def test_a_restarted_operator_evaluates_at_its_first_tick_and_decides_the_same():
+    """No status field says when the last evaluation was (status moves only materially), so a
+    new process evaluates at once: the policy's pacing comes from status, so it decides what
+    the old process would have decided then; after that it keeps the interval."""
+    service, best = _steady_service()
+    kube = _kube(service)
     now = [T0]
     reader = CountingReader(snapshot=_noisy_snapshots(best))
-    first = _evaluator(reader, kube, clock=lambda: now[0])
-    first.evaluate_if_due("ns", "llama")
-    now[0] = T0 + timedelta(seconds=40)
-    first.evaluate_if_due("ns", "llama")
-    # A new process knows nothing in memory: it reads the last written evaluation time and
-    # evaluates once at most early, and decides the same (hold) from the stored observations.
-    now[0] = T0 + timedelta(seconds=45)
-    restarted = _evaluator(reader, kube, clock=lambda: now[0])
-    decision = restarted.evaluate_if_due("ns", "llama")
-    assert decision is not None and not decision.changes
-    assert restarted.evaluate_if_due("ns", "llama") is None  # not due again within the interval
+    first, memory = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
+    _tick(first, kube, memory)
+    now[0] = T0 + timedelta(seconds=30)
+    before = _tick(first, kube, memory)
+    # The old process would wait until T0+60s; a new one (empty memory) evaluates at T0+35s.
+    now[0] = T0 + timedelta(seconds=35)
+    assert _tick(first, kube, memory) is None
+    restarted, fresh = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
+    after = _tick(restarted, kube, fresh)
+    assert after is not None
+    assert (after.action, after.enabled, after.k, after.rule) == (before.action, before.enabled, before.k, before.rule)
+    for seconds in (40, 60):
+        now[0] = T0 + timedelta(seconds=seconds)
+        assert _tick(restarted, kube, fresh) is None  # within the interval of its own evaluation
+    now[0] = T0 + timedelta(seconds=65)
+    assert _tick(restarted, kube, fresh) is not None
 
 
 def test_write_needed_ignores_numbers_in_messages_and_times():
@@ -276,20 +276,25 @@ def test_write_needed_ignores_numbers_in_messages_and_times():
     assert evaluation.status_write_needed(a, c)
 
 
-def test_ticks_that_are_not_due_do_not_read_the_service():
-    body, best = _steady_service()
-    kube = FakeKube(body)
+def test_ticks_that_are_not_due_cost_no_read_and_a_new_generation_is_looked_at_once():
+    service, best = _steady_service()
+    kube = _kube(service)
     now = [T0]
-    ev = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0])
+    reader = CountingReader(snapshot=_noisy_snapshots(best))
+    ev, memory = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
     evaluated = 0
     for tick in range(24):  # two minutes of 5 s ticks, evaluationInterval 30 s
         now[0] = T0 + timedelta(seconds=5 * tick)
-        evaluated += ev.evaluate_if_due("ns", "llama", generation=1) is not None
-    assert evaluated == 4 and kube.gets == 4
-    # A new generation (the spec changed, maybe the interval) is read at once.
+        evaluated += _tick(ev, kube, memory) is not None
+    assert evaluated == 4 and kube.reads == 0
+    # The spec changed (a new generation): its shorter interval holds from the next tick.
+    kube.edit_spec({"autotune": {"mode": "Auto", "evaluationInterval": "10s"}}, "llama", "ns")
+    now[0] += timedelta(seconds=5)  # T0+120s, 30 s after the last evaluation
+    assert _tick(ev, kube, memory) is not None
     now[0] += timedelta(seconds=5)
-    ev.evaluate_if_due("ns", "llama", generation=2)
-    assert kube.gets == 5
+    assert _tick(ev, kube, memory) is None
+    now[0] += timedelta(seconds=5)
+    assert _tick(ev, kube, memory) is not None
 
 
 def _status_with_names(names: str | None) -> api.SpecDecodeServiceStatus:
@@ -307,3 +312,98 @@ def test_the_spelling_found_is_logged_when_it_first_shows_and_when_it_changes(ca
         "team-a/llama: Prometheus stores vLLM's series as vllm_... (status.observations.metricNames)",
         "team-a/llama: Prometheus stores vLLM's series as vllm:... (status.observations.metricNames)",
     ]
+
+
+# ------------------------------------------------------- what an evaluation writes, and when
+
+
+def _snapshots(k: int, alpha: dict):
+    def snapshot(scopes, at):
+        return metrics.MetricsSnapshot(evaluated_at=at, queries=1, observations={
+            scope: {ConfigKey("ns", "llama", "abc"): observe(WORKLOAD, k, scope.window_s, alpha=alpha["alpha"])}
+            for scope in scopes})
+    return snapshot
+
+
+def _collapsed(mode: str):
+    service, best = _steady_service(mode)
+    kube = _kube(service)
+    controller = FakeController()
+    ev = Evaluator(kube, controller, OperatorSettings(evaluation_tick=5.0), clock=lambda: T0,
+                   reader_factory=CountingReader(snapshot=_snapshots(best, {"alpha": 0.1})))
+    return kube, controller, ev
+
+
+def test_auto_turns_a_collapsed_speculation_off_says_so_and_rerenders():
+    kube, controller, ev = _collapsed("Auto")
+    decision = _tick(ev, kube, ServiceMemory())
+    assert decision.applied and not decision.enabled
+    status = kube.service("llama", "ns")["status"]
+    assert status["speculation"]["enabled"] is False and status["speculation"]["live"] is False
+    assert status["history"][-1]["action"] == "disable"
+    [(type_, reason, message)] = kube.writes.events
+    assert (type_, reason) == ("Warning", C.EVENT_SPECULATION_CHANGED) and message.startswith("disable:")
+    assert controller.reconciles == 1
+
+
+def test_recommend_reports_the_advice_once_and_changes_nothing():
+    kube, controller, ev = _collapsed("Recommend")
+    memory = ServiceMemory()
+    before = kube.service("llama", "ns")["status"]["speculation"]
+    decision = _tick(ev, kube, memory)
+    assert decision.changes and not decision.applied
+    status = kube.service("llama", "ns")["status"]
+    assert status["speculation"] == before
+    assert (status["recommendation"]["action"], status["recommendation"]["enabled"]) == ("disable", False)
+    [(type_, reason, message)] = kube.writes.events
+    assert (type_, reason) == ("Normal", C.EVENT_RECOMMENDATION) and message.startswith("recommend disable:")
+    assert controller.reconciles == 0
+    # The same advice at the next evaluation is news to nobody: no write, no Event.
+    writes = kube.writes.count()
+    ev.clock = lambda: T0 + timedelta(seconds=30)
+    assert _tick(ev, kube, memory) is not None
+    assert kube.writes.count() == writes
+
+
+def test_a_status_write_that_conflicts_is_evaluated_again_with_the_newer_object():
+    kube, controller, ev = _collapsed("Auto")
+    memory = ServiceMemory()
+    stale = kube.service("llama", "ns")
+    kube.set_child_status(C.API_VERSION, C.KIND, "llama", "ns", stale["status"])  # written since kopf saw it
+    with pytest.raises(Conflict):
+        ev.evaluate_if_due(stale, memory)
+    assert kube.writes.count() == 0 and controller.reconciles == 0
+    # kopf retries the timer a second later with the object it has now.
+    decision = _tick(ev, kube, memory)
+    assert decision.applied and kube.service("llama", "ns")["status"]["speculation"]["enabled"] is False
+    assert controller.reconciles == 1
+
+
+def test_autotune_off_reads_no_metrics_and_drops_the_services_evaluation_series():
+    from prometheus_client import REGISTRY
+
+    service, best = _steady_service("Auto")
+    kube = _kube(service)
+    now = [T0]
+    reader = CountingReader(snapshot=_noisy_snapshots(best))
+    ev, memory = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
+    _tick(ev, kube, memory)
+    labels = {"namespace": "ns", "specdecode_service": "llama"}
+    assert REGISTRY.get_sample_value("specdecode_metrics_available", labels) == 1
+    kube.edit_spec({"autotune": {"mode": "Off", "evaluationInterval": "30s"}}, "llama", "ns")
+    for seconds in (5, 40, 80):
+        now[0] = T0 + timedelta(seconds=seconds)
+        assert _tick(ev, kube, memory) is None
+    assert len(reader.reads) == 1
+    assert REGISTRY.get_sample_value("specdecode_metrics_available", labels) is None
+    assert REGISTRY.get_sample_value("specdecode_acceptance_floor", labels) is None
+
+
+def test_a_service_being_deleted_is_not_evaluated():
+    service, best = _steady_service()
+    kube = _kube(service)
+    reader = CountingReader(snapshot=_noisy_snapshots(best))
+    body = kube.service("llama", "ns")
+    body["metadata"]["deletionTimestamp"] = rfc3339(T0)
+    assert _evaluator(reader, kube).evaluate_if_due(body, ServiceMemory()) is None
+    assert reader.reads == [] and kube.writes.count() == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 
@@ -80,7 +79,6 @@ def run_operator(args: argparse.Namespace) -> int:
         settings = settings_module.load(overrides)
     except settings_module.SettingsError as err:
         raise UserError(str(err)) from None
-    settings_module.current = settings
 
     kopf.configure(
         verbose=settings.log_level == "DEBUG",
@@ -105,8 +103,11 @@ def run_operator(args: argparse.Namespace) -> int:
     install_log_redaction()
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    importlib.import_module("specdecode.shell.handlers")  # registers the handlers with kopf
+    from ..shell import handlers
+
     kopf.run(
+        registry=handlers.register(kopf.OperatorRegistry(), settings),
+        memo=handlers.Memo(settings),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         standalone=settings.standalone,

@@ -1,9 +1,10 @@
 """The control loop's shell: read Prometheus once per tick for every service, let the
 policy decide for the services that are due, record the decision, re-render on a change.
 
-A per-object kopf timer calls `evaluate_if_due` every `evaluationTick`; all services share
-one batched read per (Prometheus, window, selector) and tick, so the number of queries does
-not grow with the number of services. Running from kopf timers (not a free-running task)
+A per-object kopf timer calls `evaluate_if_due` every `evaluationTick` with the object kopf
+last saw and the service's `ServiceMemory`; all services share one batched read per
+(Prometheus, window, selector) and tick, so the number of queries does not grow with the
+number of services. Running from kopf timers (not a free-running task)
 means evaluation pauses with everything else when kopf's peering hands control to another
 replica.
 """
@@ -18,7 +19,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from kubernetes.client.exceptions import ApiException
 
@@ -27,11 +28,9 @@ from .. import constants as C
 from . import crashpoints, instrumentation
 from .. import evaluation, policy
 from ..control import metrics
-from .. import status as st
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
-from .. import timestamps
 
 ReaderFactory = Callable[[metrics.PrometheusAccess], metrics.PrometheusReader]
 
@@ -52,6 +51,38 @@ class _Flight:
     result: Optional[metrics.ReadResult] = None
 
 
+@dataclass
+class ServiceMemory:
+    """What this process remembers of one service between evaluations; kopf's per-object memo
+    holds it (`handlers.Memo.service`), so it goes with the object.
+
+    Status is written only when it says something new (evaluation.status_write_needed), so no
+    status field tells when the service was last evaluated. A restarted operator starts with
+    an empty memory and evaluates each service at its first tick: the policy's pacing
+    (cooldown, change budget, warm-up) comes from status, so that evaluation decides what the
+    old process would have decided then, and the operator's per-service metrics come back
+    within one tick instead of one evaluationInterval."""
+
+    evaluated_at: Optional[float] = None
+    """When this process last evaluated the service (epoch seconds)."""
+    observations: Optional[api.Observations] = None
+    """What that evaluation measured: newer than status.observations, which moves only materially."""
+    rule: str = ""
+    """The policy rule that decided then: a new rule makes its advice worth a status write."""
+    _quiet: Optional[tuple[Optional[int], float]] = field(default=None, repr=False)
+    """(generation, until): ticks before `until` return at once while the spec is that generation."""
+
+    def quiet(self, generation: Optional[int], now: float) -> bool:
+        """Whether a tick can return without parsing the object (the cheap due-check)."""
+        return self._quiet is not None and self._quiet[0] == generation and now < self._quiet[1] - 1e-6
+
+    def quiet_until(self, generation: Optional[int], until: float) -> None:
+        self._quiet = (generation, until)
+
+    def remember(self, at: float, observations: Optional[api.Observations], rule: str) -> None:
+        self.evaluated_at, self.observations, self.rule = at, observations, rule
+
+
 class Evaluator:
     def __init__(
         self,
@@ -67,70 +98,53 @@ class Evaluator:
         self.clock = clock
         self.reader_factory = reader_factory
         self.log = logging.getLogger("specdecode.shell.evaluator")
+        # One read per Prometheus and tick, shared by every service (single-flight).
         self._reads: dict[tuple, _CachedRead] = {}
         self._reads_lock = threading.Lock()
         self._flights: dict[tuple, _Flight] = {}
-        self._last_evaluated: dict[tuple[str, str], float] = {}
-        # What the last evaluation measured and which rule decided, kept in memory: status is
-        # written only when it says something new (evaluation.status_write_needed), so the
-        # stored observations may be older than the last evaluation's.
-        self._memory: dict[tuple[str, str], tuple[Optional[api.Observations], str]] = {}
-        # When each service is due next, and the generation whose interval says so.
-        self._next_due: dict[tuple[str, str], tuple[float, Optional[int]]] = {}
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def evaluate_if_due(self, namespace: str, name: str, generation: Optional[int] = None) -> Optional[policy.Decision]:
-        """Evaluate the service if its evaluationInterval has passed. `generation` (the
-        watched object's) lets a tick that is not due return without reading the service
-        from the API: the interval of the last evaluation holds while the spec is unchanged."""
+    def evaluate_if_due(self, body: Mapping[str, Any], memory: ServiceMemory) -> Optional[policy.Decision]:
+        """Evaluate the service if its evaluationInterval has passed since this process last
+        evaluated it. `body` is the object as kopf last saw it (no API read per tick); a tick
+        that is not due returns before parsing it, while the spec's generation is unchanged."""
         now = self.clock()
-        due_at = self._next_due.get((namespace, name))
-        if generation is not None and due_at is not None and due_at[1] == generation \
-                and now.timestamp() < due_at[0] - 1e-6:
+        body = dict(body)  # one version of the object (kopf's view follows the watch)
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        if memory.quiet(generation, now.timestamp()):
+            return None
+        namespace, name = meta["namespace"], meta["name"]
+        if meta.get("deletionTimestamp"):
+            return None
+        try:
+            spec = api.parse_spec(body.get("spec") or {})
+        except api.SpecError:
+            memory.quiet_until(generation, float("inf"))  # the reconcile reports InvalidSpec; wait for an edit
+            return None
+        interval = api.parse_duration(spec.autotune.evaluation_interval)
+        status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
+        if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
+            instrumentation.forget_evaluation(namespace, name)
+            if spec.autotune.mode == api.AutotuneMode.OFF:  # nothing to do until the spec changes
+                memory.quiet_until(generation, now.timestamp() + interval)
+            return None
+        if memory.evaluated_at is not None and now.timestamp() < memory.evaluated_at + interval - 1e-6:
+            memory.quiet_until(generation, memory.evaluated_at + interval)
             return None
         with self.controller.lock_for(namespace, name):
-            body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                self._last_evaluated.pop((namespace, name), None)
-                self._memory.pop((namespace, name), None)
-                self._next_due.pop((namespace, name), None)
-                return None
-            try:
-                spec = api.parse_spec(body.get("spec") or {})
-            except api.SpecError:
-                return None  # the reconcile reports InvalidSpec; nothing to evaluate
-            status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
-            if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
-                instrumentation.forget_evaluation(namespace, name)
-                if spec.autotune.mode == api.AutotuneMode.OFF:  # nothing to do until the spec changes
-                    interval = api.parse_duration(spec.autotune.evaluation_interval)
-                    self._next_due[(namespace, name)] = (now.timestamp() + interval, body["metadata"].get("generation"))
-                return None
-            if not self._due(namespace, name, spec, status, now):
-                return None
-            return self._evaluate(body, spec, status, now)
+            decision = self._evaluate(body, spec, status, memory, now)
+        memory.quiet_until(generation, now.timestamp() + interval)
+        return decision
 
-    def _due(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
-             status: api.SpecDecodeServiceStatus, now: datetime) -> bool:
-        interval = api.parse_duration(spec.autotune.evaluation_interval)
-        last = self._last_evaluated.get((namespace, name))
-        if last is None:
-            # After a restart: the last evaluation that status recorded (status is written
-            # only when it changes, so this may be older: one early evaluation, no harm).
-            times = [t for t in (status.recommendation.at if status.recommendation else None,
-                                 status.observations.observed_at if status.observations else None) if t]
-            last = max(timestamps.epoch_seconds(t) for t in times) if times else None
-        return last is None or now.timestamp() - last >= interval - 1e-6
-
-    def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec,
-                  status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
+    def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus,
+                  memory: ServiceMemory, now: datetime) -> policy.Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         stored = status
-        remembered_obs, last_rule = self._memory.get((namespace, name), (status.observations, ""))
-        if remembered_obs is not None:
-            status = status.model_copy(update={"observations": remembered_obs})
+        if memory.observations is not None:
+            status = status.model_copy(update={"observations": memory.observations})
         settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
@@ -144,15 +158,15 @@ class Evaluator:
         history = policy.history_from_status([r.to_wire() for r in status.history])
         decision = policy.decide(settings, state, observed, history, now.timestamp())
         result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
-        self._last_evaluated[(namespace, name)] = now.timestamp()
-        self._memory[(namespace, name)] = (result.status.observations, decision.rule)
-        interval = api.parse_duration(spec.autotune.evaluation_interval)
-        self._next_due[(namespace, name)] = (now.timestamp() + interval, meta.get("generation"))
 
         self._log_metric_names(namespace, name, status, result.status)
         instrumentation.EVALUATIONS.labels(namespace, name).inc()
-        if evaluation.status_write_needed(stored, result.status, rule_changed=bool(last_rule) and last_rule != decision.rule):
+        rule_changed = bool(memory.rule) and memory.rule != decision.rule
+        if evaluation.status_write_needed(stored, result.status, rule_changed=rule_changed):
+            # A Conflict (the object changed since kopf saw it) leaves the memory as it was:
+            # the retry, with the newer object, evaluates again.
             self.kube.replace_status(body, result.status.to_wire())
+        memory.remember(now.timestamp(), result.status.observations, decision.rule)
         for type_, reason, message in result.events:
             self.kube.post_event(body, type_, reason, message, now)
         self._record(namespace, name, spec, decision, window)

@@ -1,7 +1,9 @@
-"""kopf registrations: each handler is one call into the controller.
+"""kopf registrations: each handler is one call into the controller or the evaluator.
 
-Import this module only after `specdecode.shell.settings.current` is set (`specdecode run` does
-it): the timer interval is read when the decorators run.
+`register` is the table of contents (which kopf event calls which handler, with the timer
+intervals from the settings); the operator's per-process state (settings, API client,
+controller, evaluator and its single-flight Prometheus cache) lives in kopf's memo
+(`Memo`), filled once by `operator_startup`, never in module globals.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import kopf
 import urllib3
@@ -21,12 +24,49 @@ from .. import constants as C
 from . import instrumentation
 from . import settings as settings_module
 from .controller import Controller
-from .evaluator import Evaluator
+from .evaluator import Evaluator, ServiceMemory
 from .kube import Conflict, Kube, load_config
+from .settings import OperatorSettings
 
-SETTINGS = settings_module.current
 RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
 OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
+
+
+def _kube_from_config() -> Kube:
+    return Kube(load_config())
+
+
+@dataclass
+class Memo:
+    """kopf's memo: given to `kopf.run` with the settings, completed by `operator_startup`.
+    kopf hands every handler a shallow copy per object, so the controller and the evaluator
+    are shared while `service` is each SpecDecodeService's own (and goes when it is deleted)."""
+
+    settings: OperatorSettings
+    kube_factory: Callable[[], Kube] = _kube_from_config
+    controller: Optional[Controller] = None
+    evaluator: Optional[Evaluator] = None
+    service: Optional[ServiceMemory] = None
+
+    def start(self) -> None:
+        """Build the API client, the controller and the evaluator (once per process)."""
+        kube = self.kube_factory()
+        cache_root = Path(self.settings.model_cache_root) if self.settings.model_cache_root else None
+        self.controller = Controller(kube, logger=logging.getLogger("specdecode.shell.controller"),
+                                     model_cache_root=cache_root, max_replicas=self.settings.max_replicas)
+        self.evaluator = Evaluator(kube, self.controller, self.settings)
+
+    def running(self) -> tuple[Controller, Evaluator]:
+        if self.controller is None or self.evaluator is None:
+            raise kopf.TemporaryError("the operator is still starting", delay=2)
+        return self.controller, self.evaluator
+
+    def service_memory(self) -> ServiceMemory:
+        """This object's evaluation memory (only on a per-object copy)."""
+        if self.service is None:
+            self.service = ServiceMemory()
+        return self.service
+
 
 class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled state as a digest of the spec, labels and annotations, not a copy:
@@ -40,26 +80,10 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return {"digest": hashlib.sha256(text.encode()).hexdigest()}
 
 
-_controller: Controller | None = None
-_evaluator: Evaluator | None = None
-
-
-def controller() -> Controller:
-    if _controller is None:
-        raise kopf.TemporaryError("the operator is still starting", delay=2)
-    return _controller
-
-
-def evaluator() -> Evaluator:
-    if _evaluator is None:
-        raise kopf.TemporaryError("the operator is still starting", delay=2)
-    return _evaluator
-
-
-@kopf.on.startup()
-def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
-    """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level."""
-    global _controller, _evaluator
+def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: logging.Logger, **_: Any) -> None:
+    """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level;
+    then build the operator's state in the memo."""
+    ours = memo.settings
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -67,10 +91,10 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.persistence.finalizer = C.KOPF_FINALIZER
     # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
     settings.posting.level = logging.WARNING
-    settings.peering.name = SETTINGS.peering_name
-    settings.peering.clusterwide = not SETTINGS.namespaces
-    settings.peering.mandatory = not SETTINGS.standalone
-    settings.peering.standalone = SETTINGS.standalone
+    settings.peering.name = ours.peering_name
+    settings.peering.clusterwide = not ours.namespaces
+    settings.peering.mandatory = not ours.standalone
+    settings.peering.standalone = ours.standalone
     settings.peering.stealth = True
     # The newest process wins: a restarted operator does not pause for the record its killed
     # predecessor left behind (equal priorities pause each other until it expires, 60 s with
@@ -79,14 +103,10 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Ride out an API server outage instead of exiting (kopf's default gave up after ~80 s).
-    settings.networking.error_backoffs = settings_module.api_retry_backoffs(SETTINGS.api_outage_tolerance)
+    settings.networking.error_backoffs = settings_module.api_retry_backoffs(ours.api_outage_tolerance)
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 60
-    kube = Kube(load_config())
-    cache_root = Path(SETTINGS.model_cache_root) if SETTINGS.model_cache_root else None
-    _controller = Controller(kube, logger=logging.getLogger("specdecode.shell.controller"), model_cache_root=cache_root,
-                             max_replicas=SETTINGS.max_replicas)
-    _evaluator = Evaluator(kube, _controller, SETTINGS)
+    memo.start()
     logger.info("specdecode-operator started")
 
 
@@ -94,12 +114,13 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
 TRANSIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
-def _reconcile(namespace: str, name: str, retry: int) -> None:
+def _reconcile(memo: Memo, namespace: str, name: str, retry: int) -> None:
     """Reconcile; a failure is retried soon with a growing delay (kopf.TemporaryError), not
     after kopf's default minute, and said in one WARNING line (kopf also posts it as an Event)."""
     delay = settings_module.retry_delay(retry)
+    controller, _ = memo.running()
     try:
-        result = controller().reconcile(namespace, name)
+        result = controller.reconcile(namespace, name)
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -126,27 +147,23 @@ def _describe(err: BaseException) -> str:
 UNEXPECTED_ERROR_BACKOFF_S = 10
 
 
-@kopf.on.create(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
-@kopf.on.update(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
-@kopf.on.resume(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
-def sds_reconcile(namespace: str, name: str, retry: int, **_: Any) -> None:
+def sds_reconcile(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """Render and apply the service's children; report the rollout in status."""
-    _reconcile(namespace, name, retry)
+    _reconcile(memo, namespace, name, retry)
 
 
-@kopf.timer(*RESOURCE, interval=SETTINGS.reconcile_interval, initial_delay=SETTINGS.reconcile_interval)
-def sds_timer(namespace: str, name: str, retry: int, **_: Any) -> None:
+def sds_timer(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """Level-triggered pass: repairs drift a watch event did not show. Returns None, so kopf
     writes nothing for it."""
-    _reconcile(namespace, name, retry)
+    _reconcile(memo, namespace, name, retry)
 
 
-@kopf.timer(*RESOURCE, interval=SETTINGS.evaluation_tick, initial_delay=SETTINGS.evaluation_tick)
-def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: Any) -> None:
+def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> None:
     """Let the policy decide when the service's evaluationInterval has passed (one batched
     Prometheus read per tick serves every service)."""
+    _, evaluator = memo.running()
     try:
-        evaluator().evaluate_if_due(namespace, name, generation=meta.get("generation"))
+        evaluator.evaluate_if_due(body, memo.service_memory())
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -155,13 +172,29 @@ def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: An
                                   delay=delay) from None
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED_DEPLOYMENTS)
-def deployment_event(type: str, namespace: str, labels: dict[str, str], **_: Any) -> None:
+def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Memo, **_: Any) -> None:
     """A child Deployment changed (rollout progress) or vanished: reconcile its service."""
     owner = labels.get(C.LABEL_SERVICE)
     if owner and type in ("MODIFIED", "DELETED", None):
         try:
-            _reconcile(namespace, owner, retry=0)
+            _reconcile(memo, namespace, owner, retry=0)
         except kopf.TemporaryError as err:
             # Event handlers are not retried: the service's own handlers and timer repair it.
             logging.getLogger("specdecode.shell.handlers").warning("%s/%s: %s", namespace, owner, err)
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """Which kopf event calls which handler. The timers' intervals are the settings' (kopf
+    reads them at registration), so the settings are an argument, not an import-time global."""
+    # A registry of our own has none of the logins kopf's default one brings: log in as the
+    # kubernetes client does (in the pod: its service account; else $KUBECONFIG), like `Kube`.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    kopf.on.startup(registry=registry)(operator_startup)
+    for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        on(*RESOURCE, registry=registry, backoff=UNEXPECTED_ERROR_BACKOFF_S)(sds_reconcile)
+    kopf.timer(*RESOURCE, registry=registry, interval=settings.reconcile_interval,
+               initial_delay=settings.reconcile_interval)(sds_timer)
+    kopf.timer(*RESOURCE, registry=registry, interval=settings.evaluation_tick,
+               initial_delay=settings.evaluation_tick)(sds_evaluate)
+    kopf.on.event("apps", "v1", "deployments", registry=registry, labels=OWNED_DEPLOYMENTS)(deployment_event)
+    return registry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 from prometheus_client import Counter, Gauge
@@ -59,8 +60,17 @@ ACCEPTANCE_FLOOR = Gauge(
 PER_SERVICE = (SPECULATIVE_TOKENS, SPECULATION_ENABLED, METRICS_AVAILABLE, ACCEPTANCE_RATE, ACCEPTANCE_ALPHA, ACCEPTANCE_FLOOR)
 
 
+# The (namespace, service, action, mode) of every DECISIONS series, kept beside it:
+# prometheus_client lists a metric's children only through private attributes, and a deleted
+# service's series must be removed by their full labels.
+_decision_series: set[tuple[str, str, str, str]] = set()
+_decision_series_lock = threading.Lock()
+
+
 def record_decision(namespace: str, service: str, action: str, mode: str) -> None:
-    DECISIONS.labels(namespace, service, action, mode).inc()
+    with _decision_series_lock:
+        _decision_series.add((namespace, service, action, mode))
+        DECISIONS.labels(namespace, service, action, mode).inc()
 
 
 def record_acceptance(namespace: str, service: str, alpha: Optional[float], floor: float) -> None:
@@ -91,14 +101,15 @@ def forget_service(namespace: str, service: str) -> None:
     for gauge in PER_SERVICE:
         _remove(gauge, namespace, service)
     _remove(EVALUATIONS, namespace, service)
-    with DECISIONS._lock:
-        counted = [key for key in DECISIONS._metrics if key[:2] == (namespace, service)]
-    for key in counted:
-        DECISIONS.remove(*key)
+    with _decision_series_lock:
+        counted = {labels for labels in _decision_series if labels[:2] == (namespace, service)}
+        _decision_series.difference_update(counted)
+        for labels in counted:
+            _remove(DECISIONS, *labels)
 
 
-def _remove(gauge: Gauge | Counter, namespace: str, service: str) -> None:
+def _remove(metric: Gauge | Counter, *labels: str) -> None:
     try:
-        gauge.remove(namespace, service)
+        metric.remove(*labels)
     except KeyError:
-        pass
+        pass  # never set for this service

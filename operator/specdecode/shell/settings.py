@@ -1,7 +1,7 @@
 """The operator's own configuration: one typed object, from flags and SPECDECODE_* variables.
 
-Loaded once by `specdecode run` before the handlers module is imported, because kopf reads
-timer intervals when its decorators run.
+Loaded once by `specdecode run`, which registers the handlers with it (kopf reads the timer
+intervals at registration) and hands it to them in kopf's memo (`handlers.Memo`).
 """
 
 from __future__ import annotations
@@ -183,7 +183,3 @@ def load(overrides: dict | None = None) -> OperatorSettings:
         raise SettingsError(
             f"{ENV_PREFIX}{field.upper()} / --{field.replace('_', '-')}: {first['msg']}"
         ) from None
-
-
-# The settings of this process, set by `specdecode run` before the handlers are imported.
-current: OperatorSettings = OperatorSettings()

@@ -1,0 +1,142 @@
+"""The kopf registrations: the operator's state in kopf's memo, and how each handler turns
+what the controller and the evaluator raise into kopf's retry semantics and log lines. The
+API is the in-memory stand-in (tests/unit/memory_kube.py); kopf itself runs in the e2e suite."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import kopf
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from specdecode import constants as C
+from specdecode.shell import handlers
+from specdecode.shell.kube import Conflict
+from specdecode.shell.settings import OperatorSettings
+
+from ..spec_corpus import spec_with
+from .memory_kube import MemoryKube
+
+
+def _started(kube: MemoryKube, **settings) -> handlers.Memo:
+    memo = handlers.Memo(OperatorSettings(**settings), kube_factory=lambda: kube)
+    handlers.operator_startup(settings=kopf.OperatorSettings(), memo=memo, logger=logging.getLogger("test"))
+    return memo
+
+
+def _per_object(memo: handlers.Memo) -> handlers.Memo:
+    """What kopf hands an object's handlers: a shallow copy of the operator's memo."""
+    return copy.copy(memo)
+
+
+def test_startup_configures_kopf_and_fills_the_memo():
+    kube = MemoryKube()
+    memo = handlers.Memo(OperatorSettings(peering_name="team-peering", namespaces=["team-a"]), kube_factory=lambda: kube)
+    settings = kopf.OperatorSettings()
+    handlers.operator_startup(settings=settings, memo=memo, logger=logging.getLogger("test"))
+    assert settings.peering.name == "team-peering" and settings.peering.clusterwide is False
+    assert settings.persistence.finalizer == C.KOPF_FINALIZER
+    assert settings.posting.level == logging.WARNING
+    assert memo.controller.kube is kube and memo.evaluator.kube is kube and memo.evaluator.controller is memo.controller
+
+
+def test_each_object_shares_the_controller_and_keeps_its_own_evaluation_memory():
+    memo = _started(MemoryKube())
+    a, b = _per_object(memo), _per_object(memo)
+    assert a.controller is b.controller is memo.controller and a.evaluator is memo.evaluator
+    assert a.service_memory() is a.service_memory()
+    assert a.service_memory() is not b.service_memory() and memo.service is None
+
+
+def test_handlers_before_startup_ask_kopf_to_retry():
+    memo = handlers.Memo(OperatorSettings())
+    with pytest.raises(kopf.TemporaryError, match="still starting"):
+        handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(memo), retry=0)
+
+
+def test_a_reconcile_creates_the_children_through_the_memo():
+    kube = MemoryKube()
+    kube.create_service(spec_with({}))
+    handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(_started(kube)), retry=0)
+    assert kube.get("apps/v1", "Deployment", "llama", "team-a") is not None
+    assert kube.service()["status"]["phase"] == "Progressing"
+
+
+class _DeploymentForbidden(MemoryKube):
+    def get(self, api_version, kind, name, namespace):
+        if kind == "Deployment":
+            raise ApiException(status=403, reason="Forbidden")
+        return super().get(api_version, kind, name, namespace)
+
+
+def test_a_child_that_cannot_be_written_is_reported_in_status_and_retried():
+    kube = _DeploymentForbidden()
+    kube.create_service(spec_with({}))
+    with pytest.raises(kopf.TemporaryError, match=r"some children could not be written .* retry 3 in"):
+        handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(_started(kube)), retry=2)
+    degraded = next(c for c in kube.service()["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and "applying Deployment failed: 403 Forbidden" in degraded["message"]
+
+
+class _Down(MemoryKube):
+    def get(self, api_version, kind, name, namespace):
+        raise ApiException(status=403, reason="Forbidden")
+
+
+def test_a_forbidden_read_of_the_service_logs_the_fix(caplog):
+    memo = _per_object(_started(_Down()))
+    with caplog.at_level(logging.ERROR, logger="specdecode.shell.handlers"):
+        with pytest.raises(kopf.TemporaryError, match=r"reconcile failed \(403 Forbidden\); retry 1 in"):
+            handlers.sds_reconcile(namespace="team-a", name="llama", memo=memo, retry=0)
+    [record] = caplog.records
+    assert "ClusterRole" in record.getMessage() and "manifests/base/rbac.yaml" in record.getMessage()
+
+
+def test_a_deployment_event_reconciles_its_service_and_never_raises(caplog):
+    kube = MemoryKube()
+    kube.create_service(spec_with({}))
+    memo = _started(kube)
+    handlers.deployment_event(type="MODIFIED", namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
+                              memo=_per_object(memo))
+    assert kube.service()["status"]["phase"] == "Progressing"
+    down = _started(_Down())
+    with caplog.at_level(logging.WARNING, logger="specdecode.shell.handlers"):
+        handlers.deployment_event(type="MODIFIED", namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
+                                  memo=_per_object(down))
+    assert any("team-a/llama: reconcile failed (403 Forbidden)" in r.getMessage() for r in caplog.records)
+
+
+class _Raising:
+    """An evaluator that fails as the API can make it fail, and notes what it was given."""
+
+    def __init__(self, error):
+        self.error, self.calls = error, []
+
+    def evaluate_if_due(self, body, memory):
+        self.calls.append((body, memory))
+        if self.error:
+            raise self.error
+
+
+@pytest.mark.parametrize("error, delay, message", [
+    (Conflict("team-a/llama changed while its status was computed"), 1, "changed while its status was computed"),
+    (ApiException(status=503, reason="Service Unavailable"), None, r"evaluation failed \(503 Service Unavailable\); retry 1 in"),
+])
+def test_a_failed_evaluation_is_retried_by_kopf(error, delay, message):
+    obj = _per_object(_started(MemoryKube()))
+    obj.evaluator = _Raising(error)
+    with pytest.raises(kopf.TemporaryError, match=message) as raised:
+        handlers.sds_evaluate(body={"metadata": {}}, memo=obj, retry=0)
+    assert delay is None or raised.value.delay == delay
+
+
+def test_each_tick_evaluates_the_object_kopf_passes_with_the_objects_own_memory():
+    obj = _per_object(_started(MemoryKube()))
+    evaluator = obj.evaluator = _Raising(None)
+    bodies = [{"metadata": {"generation": 1}}, {"metadata": {"generation": 2}}]
+    for body in bodies:
+        handlers.sds_evaluate(body=body, memo=obj, retry=0)
+    assert [b for b, _ in evaluator.calls] == bodies
+    assert evaluator.calls[0][1] is evaluator.calls[1][1] is obj.service
