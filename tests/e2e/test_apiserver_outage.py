@@ -23,8 +23,8 @@ from typing import Iterator
 
 import pytest
 
-from specdecode.localstack import LocalCluster
-from specdecode.localstack.cluster import ComponentLaunch
+from specdecode.tools.localstack import LocalCluster
+from specdecode.tools.localstack.cluster import ComponentLaunch
 
 from .conftest import E2E_CLUSTER_NAME, poll_until
 from .operator_harness import RunningOperator, holds_for, kubectl, start_operator
