@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
 # The SpecDecodeService samples (their kustomization.yaml and prerequisites/ beside them).
@@ -40,6 +42,7 @@ BROKEN: list[Case] = [
     ("heterogeneous-vocab-eagle", {"speculation": {"method": "eagle", "draftModel": "h", "useHeterogeneousVocab": True}}, "spec.speculation", "useHeterogeneousVocab works with method draft_model only"),
     ("ranges-not-from-1", _ngram(perBatchSizeK=[{"minBatchSize": 2, "maxBatchSize": 8, "k": 2}]), "spec.speculation", "starting at minBatchSize 1"),
     ("ranges-overlap", _ngram(perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 4}, {"minBatchSize": 8, "maxBatchSize": 64, "k": 2}]), "spec.speculation", "must not overlap"),
+    ("ranges-repeated", _ngram(perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 2}] * 2), "spec.speculation", "must not overlap"),
     ("range-k-above-maxk", _ngram(perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 12}]), "spec.speculation", "must not exceed maxK"),
     ("range-inverted", _ngram(perBatchSizeK=[{"minBatchSize": 9, "maxBatchSize": 8, "k": 1}]), "spec.speculation.perBatchSizeK[0]", "minBatchSize must not exceed maxBatchSize"),
     ("draft-tp", {"speculation": {"method": "draft_model", "draftModel": "d", "draftTensorParallelSize": 2}, "resources": {"gpus": 4}}, "spec", "draftTensorParallelSize must be 1 or the target's"),
@@ -107,6 +110,7 @@ VALID: list[Case] = [
     ("durations-small", {"autotune": {"window": "1ms", "evaluationInterval": "0.5s"}, "metrics": {"scrapeInterval": "0.000001ms"}}, None, None),
     ("zero-where-zero-means-none", {"autotune": {"warmup": "0s", "cooldown": "0s"}}, None, None),
     ("selector-valid", {"metrics": {"selector": {"cluster": "gpu-east", "_private": "x", "Zone9": "\"quoted\"\n"}}}, None, None),
+    ("per-batch-size-k-empty", _ngram(perBatchSizeK=[]), None, None),  # no table (the CEL rule refused it)
     ("replicas-zero", {"replicas": 0}, None, None),
     ("replicas-ceiling", {"replicas": 256}, None, None),
     ("extra-args-at-bound", {"engine": {"extraArgs": ["--a=" + "x" * 1020] * 32}}, None, None),
@@ -140,3 +144,98 @@ def spec_over(size_bytes: int) -> dict[str, Any]:
     keeps a digest of it, not a copy, so nothing overflows the annotations."""
     items = [{"key": f"k{j}", "path": "p" * 200} for j in range(size_bytes // (16 * 220) + 1)]
     return spec_with({"pod": {"volumes": [{"name": f"v{i}", "configMap": {"name": "c", "items": items}} for i in range(16)]}})
+
+
+# ------------------------------------------------------------------------- generated specs
+# Values on both sides of every bound and every CEL rule, per section of the spec: the
+# admission corpus draws whole specs, the CEL agreement test (tests/unit/test_cel_rules.py)
+# draws the sections a rule reads.
+
+DURATIONS = st.one_of(
+    st.sampled_from(["0s", "0ms", "0h0m", "30s", "5m", "1h30m", "250ms", "0.5s", "1.5h", "10", "5 minutes",
+                     "-1s", "1d", "", "0.0000000001ms", "0.000001ms", "9999999999999h", "2562047h", "2562048h",
+                     "0.0000000009s", "1.0000000001s"]),
+    st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**7), st.sampled_from(["ms", "s", "m", "h"])),
+)
+LABEL_KEYS = st.one_of(
+    st.sampled_from(["cluster", "__name__", "__x", "a-b", "1a", "_ok", "Zone9", "", "a.b", "é"]),
+    st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True),
+    st.just("k" * 129),
+)
+SHORT_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=8)
+METHODS = st.sampled_from(["ngram", "mtp", "suffix", "draft_model", "eagle", "eagle3", "medusa"])
+SCRAPE_PROTOCOLS = st.sampled_from(["PrometheusProto", "OpenMetricsText1.0.0", "PrometheusText0.0.4"])
+SECTIONS: dict[str, Any] = {
+    "replicas": st.integers(-2, 300),
+    "speculation": st.fixed_dictionaries({"method": METHODS}, optional={
+        "draftModel": st.sampled_from(["org/draft", ""]),
+        "numSpeculativeTokens": st.integers(0, 18),
+        "minK": st.integers(0, 18),
+        "maxK": st.integers(0, 18),
+        "allowDisable": st.booleans(),
+        "draftTensorParallelSize": st.integers(1, 9),
+        "useHeterogeneousVocab": st.booleans(),
+        "ngram": st.fixed_dictionaries({}, optional={
+            "promptLookupMin": st.integers(1, 8), "promptLookupMax": st.integers(1, 8)}),
+        "perBatchSizeK": st.lists(st.fixed_dictionaries({
+            "minBatchSize": st.integers(0, 70), "maxBatchSize": st.integers(0, 70), "k": st.integers(-1, 17)}), max_size=3),
+    }),
+    "engine": st.fixed_dictionaries({}, optional={
+        "version": st.sampled_from(["0.33.0", "0.8.5", "nightly"]),
+        "extraArgs": st.lists(st.sampled_from(["--enforce-eager", "--port=1", "-sc", "--spec-tokens=2",
+                                               "--max-model-len=4096", "x" * 1100]), max_size=3),
+        "tensorParallelSize": st.integers(0, 9),
+        "gpuMemoryUtilization": st.floats(-0.5, 1.5, allow_nan=False),
+    }),
+    "resources": st.fixed_dictionaries({}, optional={"gpus": st.integers(-1, 9)}),
+    "rollout": st.fixed_dictionaries({}, optional={
+        "maxSurge": st.integers(-1, 2), "maxUnavailable": st.integers(-1, 2), "startupTimeout": DURATIONS}),
+    "scheduling": st.fixed_dictionaries({}, optional={
+        "nodeSelector": st.dictionaries(st.sampled_from(["zone", "k" * 318]), st.sampled_from(["a", "v" * 64]),
+                                        max_size=2),
+    }),
+    "modelCache": st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["EmptyDir", "PersistentVolumeClaim", "HostPath"]),
+        "claimName": st.sampled_from(["weights", "w" * 254]),
+    }),
+    "autotune": st.fixed_dictionaries({}, optional={
+        "mode": st.sampled_from(["Auto", "Recommend", "Off", "auto"]),
+        "window": DURATIONS, "evaluationInterval": DURATIONS, "cooldown": DURATIONS, "warmup": DURATIONS,
+        "acceptanceFloor": st.floats(-0.5, 1.5, allow_nan=False),
+        "maxChangesPerHour": st.integers(-1, 70),
+        "slo": st.fixed_dictionaries({}, optional={"p95EndToEnd": DURATIONS, "p95TimePerOutputToken": DURATIONS}),
+    }),
+    "metrics": st.fixed_dictionaries({}, optional={
+        "scrapeInterval": DURATIONS,
+        "selector": st.dictionaries(LABEL_KEYS, SHORT_TEXT, max_size=3),
+        "prometheusUrl": st.sampled_from(["http://prom:9090", "prom:9090", "https://x"]),
+        "scrapeProtocols": st.lists(SCRAPE_PROTOCOLS, max_size=3),
+        "auth": st.fixed_dictionaries({}, optional={
+            "headers": st.dictionaries(st.sampled_from(["X-Scope-OrgID", "h" * 129]), st.just("t"), max_size=2)}),
+    }),
+    "pod": st.fixed_dictionaries({}, optional={
+        "labels": st.dictionaries(st.sampled_from(["team", "k" * 318]), st.sampled_from(["a", "v" * 64]), max_size=2),
+        "annotations": st.dictionaries(st.sampled_from(["note", "a" * 254]), st.sampled_from(["a", "v" * 513]),
+                                       max_size=2),
+    }),
+}
+SPEC_CHANGES = st.fixed_dictionaries({}, optional={**SECTIONS, "unknownField": st.just(1)})
+
+
+def generated(strategy: Any, count: int) -> list[Any]:
+    """`count` examples of a hypothesis strategy, the same on every run (derandomized)."""
+    examples: list[Any] = []
+
+    @settings(max_examples=count, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(example: Any) -> None:
+        examples.append(example)
+
+    collect()
+    return examples
+
+
+def generated_changes(count: int) -> list[dict[str, Any]]:
+    """Whole-spec changes (every section optional, an unknown field now and then)."""
+    return generated(SPEC_CHANGES, count)

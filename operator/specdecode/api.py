@@ -431,14 +431,16 @@ class Speculation(ApiModel):
             field=".useHeterogeneousVocab",
         ),
         Rule(
-            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.exists(r, r.minBatchSize == 1)",
+            cel="!has(self.perBatchSizeK) || size(self.perBatchSizeK) == 0 || "
+            "self.perBatchSizeK.exists(r, r.minBatchSize == 1)",
             message="perBatchSizeK must have a range starting at minBatchSize 1",
             check=lambda s: _ranges_start_at_one(s.per_batch_size_k or []),
             field=".perBatchSizeK",
         ),
         Rule(
-            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.all(a, self.perBatchSizeK.all(b, "
-            "a == b || a.maxBatchSize < b.minBatchSize || b.maxBatchSize < a.minBatchSize))",
+            # Each range overlaps itself alone (`a == b` would let two equal ranges through).
+            cel="!has(self.perBatchSizeK) || self.perBatchSizeK.all(a, self.perBatchSizeK.filter(b, "
+            "a.minBatchSize <= b.maxBatchSize && b.minBatchSize <= a.maxBatchSize).size() == 1)",
             message="perBatchSizeK ranges must not overlap: make each range end before the next "
             "one starts",
             check=lambda s: _ranges_disjoint(s.per_batch_size_k or []),

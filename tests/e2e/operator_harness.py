@@ -89,14 +89,15 @@ class RunningOperator:
         return self.process.managed.alive()
 
 
-def start_operator(cluster: ClusterInfo, workdir: Path) -> RunningOperator:
+def start_operator(cluster: ClusterInfo, workdir: Path, extra_args: tuple[str, ...] = ()) -> RunningOperator:
+    """The tests' operator (`extra_args`: more `specdecode run` flags, e.g. a setting under test)."""
     stack = Stack(workdir)
     stack.use_existing_cluster(cluster.kubeconfig, kubectl=str(cluster.kubectl))
     (workdir / "model-cache").mkdir(exist_ok=True)
     process = stack.start_operator(prometheus_url=NO_PROMETHEUS, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                    evaluation_tick_s=EVALUATION_TICK_S,
                                    extra_args=("--model-cache-root", str(workdir / "model-cache"),
-                                               *ALLOW_LOCAL_PROMETHEUS))
+                                               *ALLOW_LOCAL_PROMETHEUS, *extra_args))
     return RunningOperator(stack, process, cluster, workdir)
 
 

@@ -24,15 +24,14 @@ from typing import Any, Optional
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from kubernetes import client
 
 from specdecode import api
 from specdecode import constants as C
 from specdecode.cli import main as specdecode_main
 
-from ..spec_corpus import BROKEN, SAMPLES, VALID, document, sample_documents, spec_over, spec_with
+from ..spec_corpus import (BROKEN, SAMPLES, VALID, document, generated_changes, sample_documents, spec_over,
+                           spec_with)
 from .operator_harness import kubectl
 
 pytestmark = pytest.mark.e2e
@@ -147,69 +146,6 @@ def test_every_shipped_sample_passes_a_server_side_dry_run_with_kubectl(cluster,
 
 
 # ------------------------------------------------------------------------- generated specs
-
-DURATIONS = st.one_of(
-    st.sampled_from(["0s", "0ms", "0h0m", "30s", "5m", "1h30m", "250ms", "0.5s", "1.5h", "10", "5 minutes",
-                     "-1s", "1d", "", "0.0000000001ms", "0.000001ms", "9999999999999h", "2562047h"]),
-    st.builds(lambda n, u: f"{n}{u}", st.integers(0, 10**7), st.sampled_from(["ms", "s", "m", "h"])),
-)
-LABEL_KEYS = st.one_of(
-    st.sampled_from(["cluster", "__name__", "__x", "a-b", "1a", "_ok", "Zone9", "", "a.b", "é"]),
-    st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True),
-)
-SHORT_TEXT = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=8)
-METHODS = st.sampled_from(["ngram", "mtp", "suffix", "draft_model", "eagle", "eagle3", "medusa"])
-SPEC_CHANGES = st.fixed_dictionaries({}, optional={
-    "replicas": st.integers(-2, 300),
-    "speculation": st.fixed_dictionaries({"method": METHODS}, optional={
-        "draftModel": st.sampled_from(["org/draft", ""]),
-        "numSpeculativeTokens": st.integers(0, 18),
-        "minK": st.integers(0, 18),
-        "maxK": st.integers(0, 18),
-        "allowDisable": st.booleans(),
-        "perBatchSizeK": st.lists(st.fixed_dictionaries({
-            "minBatchSize": st.integers(0, 70), "maxBatchSize": st.integers(0, 70), "k": st.integers(-1, 17)}), max_size=3),
-    }),
-    "engine": st.fixed_dictionaries({}, optional={
-        "version": st.sampled_from(["0.33.0", "0.8.5", "nightly"]),
-        "extraArgs": st.lists(st.sampled_from(["--enforce-eager", "--port=1", "-sc", "--spec-tokens=2",
-                                               "--max-model-len=4096", "x" * 1100]), max_size=3),
-        "tensorParallelSize": st.integers(0, 9),
-        "gpuMemoryUtilization": st.floats(-0.5, 1.5, allow_nan=False),
-    }),
-    "resources": st.fixed_dictionaries({}, optional={"gpus": st.integers(-1, 9)}),
-    "rollout": st.fixed_dictionaries({}, optional={
-        "maxSurge": st.integers(-1, 2), "maxUnavailable": st.integers(-1, 2), "startupTimeout": DURATIONS}),
-    "autotune": st.fixed_dictionaries({}, optional={
-        "mode": st.sampled_from(["Auto", "Recommend", "Off", "auto"]),
-        "window": DURATIONS, "evaluationInterval": DURATIONS, "cooldown": DURATIONS, "warmup": DURATIONS,
-        "acceptanceFloor": st.floats(-0.5, 1.5, allow_nan=False),
-        "maxChangesPerHour": st.integers(-1, 70),
-        "slo": st.fixed_dictionaries({}, optional={"p95EndToEnd": DURATIONS, "p95TimePerOutputToken": DURATIONS}),
-    }),
-    "metrics": st.fixed_dictionaries({}, optional={
-        "scrapeInterval": DURATIONS,
-        "selector": st.dictionaries(LABEL_KEYS, SHORT_TEXT, max_size=3),
-        "prometheusUrl": st.sampled_from(["http://prom:9090", "prom:9090", "https://x"]),
-    }),
-    "pod": st.fixed_dictionaries({}, optional={
-        "labels": st.dictionaries(st.sampled_from(["team", "k" * 318]), st.sampled_from(["a", "v" * 64]), max_size=2),
-    }),
-    "unknownField": st.just(1),
-})
-
-
-def generated_changes(count: int) -> list[dict[str, Any]]:
-    changes: list[dict[str, Any]] = []
-
-    @settings(max_examples=count, database=None, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
-    @given(SPEC_CHANGES)
-    def collect(change: dict[str, Any]) -> None:
-        changes.append(change)
-
-    collect()
-    return changes
 
 
 def test_generated_specs_get_the_same_verdict_from_validate_and_the_apiserver(cluster, kube_api, operator,

@@ -55,6 +55,32 @@ class TemporaryFailuresAsWarnings(logging.Filter):
         return True
 
 
+class ExitWhenTheAPIServerStaysAway(logging.Filter):
+    """kopf retries each API request for api_outage_tolerance seconds (settings.api_retry_backoffs);
+    a request that ran out of retries ("escalating") met an API server away, or refusing, for
+    all that time. kopf then only ends the task that made it (a dead peering keep-alive, the
+    process carrying on): instead the operator exits, with one ERROR naming the setting, and
+    its Deployment starts it afresh."""
+
+    def __init__(self, tolerance_s: float):
+        super().__init__()
+        self.tolerance_s = tolerance_s
+        self.fired = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.fired and "failed; escalating" in str(record.msg):
+            self.fired = True
+            logging.getLogger("specdecode").error(
+                "The API server was unreachable or failing for longer than api_outage_tolerance (%.0f s): the operator "
+                "exits. To ride out longer outages raise SPECDECODE_API_OUTAGE_TOLERANCE "
+                "(--api-outage-tolerance). Last failure: %s", self.tolerance_s,
+                record.getMessage().split("escalating: ", 1)[-1][:300])
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(1)
+        return True
+
+
 def run_operator(args: argparse.Namespace) -> int:
     # The kubernetes library (kopf logs in through it) reads $KUBECONFIG once, when it is
     # imported: set it before the first import of kopf or kubernetes.
@@ -88,9 +114,11 @@ def run_operator(args: argparse.Namespace) -> int:
     # Retried failures are warnings: on kopf's object logger (before kopf posts the line as an
     # Event) and on every handler of the root logger (kopf's API retries log elsewhere).
     downgrade = TemporaryFailuresAsWarnings()
+    give_up = ExitWhenTheAPIServerStaysAway(settings.api_outage_tolerance)
     logging.getLogger("kopf.objects").addFilter(downgrade)
     for handler in logging.getLogger().handlers:
         handler.addFilter(downgrade)
+        handler.addFilter(give_up)
     if settings.log_level != "DEBUG":
         # kopf logs every timer run per object at INFO: with two timers per service that
         # drowns what matters. Failures still come through at WARNING and ERROR.
