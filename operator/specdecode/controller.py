@@ -19,8 +19,10 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import crashpoints, fallback, failures, instrumentation, preflight, render
-from . import status as st
+from . import crashpoints, failures, instrumentation, preflight, render
+from .control import fallback
+from .control import state as cs
+from .control import status as st
 from .kube import Kube, content_drift
 
 Clock = Callable[[], datetime]
@@ -105,9 +107,10 @@ class Controller:
             # A start-up failure is remembered until the spec changes (or, unclassified, until
             # its retry back-off passes); then the declared speculation is tried again.
             remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
-            choice, reason = st.current_choice(service.spec, remembered)
+            choice, cause, reason = cs.choose(service.spec, remembered)
             compat = self._preflight(service.spec)
-            choice, reason = fallback.preflight_choice(service.spec, choice, reason, compat.compatible, compat.message)
+            choice, cause, reason = fallback.preflight_choice(
+                service.spec, choice, cause, reason, compat.compatible, compat.message)
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
         except (api.SpecError, render.RenderError) as err:
@@ -128,6 +131,7 @@ class Controller:
             apply_error=apply_error,
             rollout=st.rollout_state(deployment, config),
             choice=choice,
+            choice_cause=cause,
             choice_reason=reason,
             config_hash=config,
             method=spec.speculation.method.value,

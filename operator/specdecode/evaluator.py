@@ -24,8 +24,10 @@ from kubernetes.client.exceptions import ApiException
 
 from . import api
 from . import constants as C
-from . import crashpoints, evaluation, instrumentation, metrics, policy
-from . import status as st
+from . import crashpoints, instrumentation, metrics
+from .control import evaluation
+from .control.decision import Decision
+from .control.settings import PolicySettings
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
@@ -78,7 +80,7 @@ class Evaluator:
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def evaluate_if_due(self, namespace: str, name: str, generation: Optional[int] = None) -> Optional[policy.Decision]:
+    def evaluate_if_due(self, namespace: str, name: str, generation: Optional[int] = None) -> Optional[Decision]:
         """Evaluate the service if its evaluationInterval has passed. `generation` (the
         watched object's) lets a tick that is not due return without reading the service
         from the API: the interval of the last evaluation holds while the spec is unchanged."""
@@ -122,26 +124,25 @@ class Evaluator:
         return last is None or now.timestamp() - last >= interval - 1e-6
 
     def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec,
-                  status: api.SpecDecodeServiceStatus, now: datetime) -> policy.Decision:
+                  status: api.SpecDecodeServiceStatus, now: datetime) -> Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         stored = status
         remembered_obs, last_rule = self._memory.get((namespace, name), (status.observations, ""))
         if remembered_obs is not None:
             status = status.model_copy(update={"observations": remembered_obs})
-        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
+        settings = PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
             read: metrics.ReadResult = access  # refused before any request
         else:
             read = self._read(access, evaluation.scopes_for(spec, settings), now.timestamp())
-        observed, window = evaluation.observations_for(
+        observed = evaluation.observations_for(
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
         )
-        state = evaluation.policy_state(status, spec, now, meta.get("generation"))
-        history = policy.history_from_status([r.to_wire() for r in status.history])
-        decision = policy.decide(settings, state, observed, history, now.timestamp())
-        result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
+        window = observed.window
+        result = evaluation.evaluate(status, spec, settings, observed, meta.get("generation"), now)
+        decision = result.decision
         self._last_evaluated[(namespace, name)] = now.timestamp()
         self._memory[(namespace, name)] = (result.status.observations, decision.rule)
         interval = api.parse_duration(spec.autotune.evaluation_interval)
@@ -170,7 +171,7 @@ class Evaluator:
                           namespace, name, new)
 
     def _record(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
-                decision: policy.Decision, window: Optional[metrics.Observation]) -> None:
+                decision: Decision, window: Optional[metrics.Observation]) -> None:
         if decision.changes:
             instrumentation.record_decision(namespace, name, decision.action.value, spec.autotune.mode.value)
         instrumentation.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_available else 0)

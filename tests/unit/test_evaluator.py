@@ -14,8 +14,9 @@ import threading
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
-from specdecode import api, evaluation, metrics, perfmodel
-from specdecode import status as st
+from specdecode import api, metrics, perfmodel
+from specdecode.control import evaluation
+from specdecode.control import status as st
 from specdecode.evaluator import Evaluator
 from specdecode.metrics import ConfigKey
 from specdecode.settings import OperatorSettings

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specdecode import api, failures, fallback, kube
-from specdecode import status as status_module
+from specdecode import api, failures, kube
+from specdecode.control import fallback
+from specdecode.control import status as status_module
 from specdecode.render import SpeculationChoice
 from specdecode.redaction import MARK, RedactingFilter, install_log_redaction, redact
 
