@@ -147,12 +147,16 @@ def _align(t: float, step: float) -> float:
     return math.ceil(t / step - 1e-9) * step
 
 
-def _went_live(status: api.SpecDecodeServiceStatus, at: float, config_hash: str, ready: int) -> api.SpecDecodeServiceStatus:
-    """What the reconcile writes once every replica runs the chosen config."""
-    effective = status.speculation.model_copy(
-        update={"live": True, "live_since": timestamps.rfc3339(at), "config_hash": config_hash}
-    )
-    return status.model_copy(update={"speculation": effective, "ready_replicas": ready})
+def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float | None = None,
+              ready: int | None = None) -> api.SpecDecodeServiceStatus:
+    """What the reconcile writes: right after a change the new config's hash (the evaluator
+    reconciles at once), and once every replica runs it, live since then."""
+    update: dict[str, Any] = {"config_hash": telemetry.config_hash(config)}
+    if live_at is not None:
+        update.update(live=True, live_since=timestamps.rfc3339(live_at))
+    effective = status.speculation.model_copy(update=update)
+    return status.model_copy(update={"speculation": effective, "ready_replicas": ready if ready is not None
+                                     else status.ready_replicas})
 
 
 def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> PolicyRun:
@@ -175,13 +179,13 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
     config = settings.configured_k
     for slot in range(replicas):
         fleet.start(slot, config)
-    status = _went_live(
+    status = _rendered(
         api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
             enabled=True, method=scenario.method, k=config, since=timestamps.rfc3339(0.0),
             reason="declared in spec", cause="Declared",
             spec_hash=evaluation.cs.declared_speculation_hash(spec),
         )),
-        0.0, telemetry.config_hash(config), replicas,
+        config, 0.0, replicas,
     )
     run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
     transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
@@ -202,7 +206,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
             else:
                 fleet.start(slot, new_config)
         if live_at is not None and t >= live_at - 1e-9:
-            status = _went_live(status, live_at, telemetry.config_hash(config), fleet.ready)
+            status = _rendered(status, config, live_at, fleet.ready)
             live_at = None
         outage = scenario.metrics_outage_at(t)
         if not outage:
@@ -238,7 +242,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
             transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
         live_at = t + replicas * rollout_s
         config = new
-        status = status.model_copy(update={"ready_replicas": fleet.ready})
+        status = _rendered(status, config, ready=fleet.ready)
     return run
 
 

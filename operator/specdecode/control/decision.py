@@ -60,7 +60,8 @@ PROBE_RULES = frozenset({Rule.REPROBE, Rule.PROBE_ABANDON})
 
 
 class Held(StrEnum):
-    """Why a rule that wanted a change held instead (``Decision.held``)."""
+    """Why nothing changes (`Decision.hold`); the first four also say why a rule that wanted
+    a change held instead (``Decision.held``)."""
 
     OVERLOAD = "overload"
     """The rollout would overload the replicas left serving and not repay itself."""
@@ -68,6 +69,39 @@ class Held(StrEnum):
     """The restart makes the change slower than staying over the payback horizon."""
     COOLDOWN = "cooldown"
     BUDGET = "budget"
+    METRICS = "metrics"
+    """Metrics unavailable, missing or stale: fail static."""
+    WARMUP = "warmup"
+    """A rollout, the warm-up of the config or its first full window: its metrics do not count yet."""
+    SAMPLES = "samples"
+    """Idle, or too few requests or drafted tokens to judge."""
+    SETTLED = "settled"
+    """Nothing is predicted to pay enough to change (or a re-probe is not due)."""
+    MODE_OFF = "mode-off"
+    """autotune.mode Off: no decisions."""
+
+
+HOLD_OF_RULE = {
+    Rule.MODE_OFF: Held.MODE_OFF,
+    Rule.METRICS: Held.METRICS,
+    Rule.ROLLOUT: Held.WARMUP,
+    Rule.WARMUP: Held.WARMUP,
+    Rule.IDLE: Held.SAMPLES,
+    Rule.SAMPLES: Held.SAMPLES,
+    Rule.COOLDOWN: Held.COOLDOWN,
+    Rule.BUDGET: Held.BUDGET,
+}
+"""The hold each rule that decides to hold stands for (other rules: settled)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A status condition's value as a decision sets it (MetricsAvailable,
+    SpeculationEffective): ``status`` None leaves the condition as it is."""
+
+    status: bool | None
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -122,6 +156,15 @@ class Decision:
     @property
     def changes(self) -> bool:
         return self.action is not Action.HOLD
+
+    @property
+    def hold(self) -> Held | None:
+        """Why nothing changes (None for a change)."""
+        if self.changes:
+            return None
+        if self.held is not None:
+            return self.held
+        return HOLD_OF_RULE.get(self.rule, Held.SETTLED)
 
     def predicted_speedup(self) -> float | None:
         """Predicted speed of the decided config relative to the current one."""

@@ -67,6 +67,13 @@ _DEFAULT_PROMPT_TOKENS = 1000.0
 _DEFAULT_OUTPUT_TOKENS = 300.0
 
 
+def binomial_stderr(p: float, trials: float, overdispersion: float) -> float:
+    """Standard error of a proportion ``p`` over ``trials``, its variance inflated by
+    ``overdispersion`` (tokens of one request are correlated) and kept above 1e-4 so that a
+    rate of 0 or 1 is never certain. The project's one standard-error formula."""
+    return math.sqrt(max(p * (1 - p), 1e-4) * overdispersion / max(trials, 1.0))
+
+
 def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
     """Load, acceptance and their uncertainty from one observation window."""
     requests = obs.requests
@@ -80,9 +87,7 @@ def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
         draft_tokens = spec.draft_tokens
     if spec is not None and spec.alpha is not None:
         pooled = spec.alpha
-        stderr = math.sqrt(
-            max(pooled * (1 - pooled), 1e-4) * tuning.overdispersion / max(spec.alpha_trials, 1.0)
-        )
+        stderr = binomial_stderr(pooled, spec.alpha_trials, tuning.overdispersion)
         alpha, decay = fit_acceptance(spec.drafts, spec.accepted_per_position, tuning)
         if alpha is None:
             alpha = pooled

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from specdecode.control.state import ControlState
 
 
+STATUS_DIGITS = 4
+"""Acceptance is stored in status with 4 decimals: the memory keeps what the status can hold,
+so a state read back from the status equals the one that was written."""
+REASON_CHARS = 1024
+"""status.history's reasons are cut here."""
+
+
 def recent_low_alpha(
     previous: float | None,
     previous_at: float | None,
@@ -72,16 +79,16 @@ class HistoryEntry:
             "time": timestamps.rfc3339(self.time),
             "action": self.action.value,
             "applied": self.applied,
-            "reason": self.reason[:1024],
+            "reason": self.reason[:REASON_CHARS],
         }
         if self.from_k is not None:
             out["fromK"] = self.from_k
         if self.to_k is not None:
             out["toK"] = self.to_k
         if self.alpha is not None:
-            out["alpha"] = round(self.alpha, 4)
+            out["alpha"] = round(self.alpha, STATUS_DIGITS)
         if self.step_scale is not None:
-            out["stepScale"] = round(self.step_scale, 4)
+            out["stepScale"] = round(self.step_scale, STATUS_DIGITS)
         return out
 
     @classmethod
@@ -166,16 +173,11 @@ def history_entry(decision: "Decision", now: float, state: "ControlState") -> Hi
         action=decision.action,
         from_k=state.k if state.enabled else None,
         to_k=decision.k if decision.enabled else None,
-        reason=decision.reason,
+        reason=decision.reason[:REASON_CHARS],
         applied=decision.applied,
-        alpha=decision.alpha if state.enabled else None,
-        step_scale=decision.step_scale,
+        alpha=stored(decision.alpha if state.enabled else None),
+        step_scale=stored(decision.step_scale),
     )
-
-
-STATUS_DIGITS = 4
-"""Acceptance is stored in status with 4 decimals: the memory keeps what the status can hold,
-so a state read back from the status equals the one that was written."""
 
 
 def stored(value: float | None) -> float | None:

@@ -102,13 +102,13 @@ Confidence: alpha's standard error is binomial over the trials times an overdisp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from specdecode import constants
 from specdecode.api import AutotuneMode
 from specdecode.control.decision import (
-    FLOOR_RULES, Action, ConfigPrediction, Decision, Held, Rule,
+    FLOOR_RULES, Action, Condition, ConfigPrediction, Decision, Held, Rule,
 )
 from specdecode.control.estimates import (
     Calibration, Estimate, PolicyObservations, estimate, kv_scale, predict, scaled_params,
@@ -132,6 +132,22 @@ class _Context:
     now: float
     memory: Memory
     observed: PolicyObservations
+    _computed: dict = field(default_factory=dict, compare=False, repr=False)
+    """Estimates and calibrations of this decision, each computed once."""
+
+    def estimate(self, obs: Observation) -> Estimate:
+        """The estimate of one of this decision's windows (computed once per window)."""
+        key = ("estimate", id(obs))
+        if key not in self._computed:
+            self._computed[key] = (obs, estimate(obs, self.tuning))
+        return self._computed[key][1]
+
+    def calibrated(self, est: Estimate) -> tuple[Calibration, float | None]:
+        """The model calibrated on ``est`` (computed once per estimate)."""
+        key = ("calibration", id(est))
+        if key not in self._computed:
+            self._computed[key] = (est, _calibrate(self, est))
+        return self._computed[key][1]
 
     @property
     def tuning(self) -> PolicyTuning:
@@ -218,12 +234,12 @@ def _decide(ctx: _Context) -> Decision:
             f"(idle is not a failure)",
             metrics=flags,
         )
-    est = estimate(obs_long, ctx.tuning)
+    est = ctx.estimate(obs_long)
     samples = _samples_hold(ctx, est, 1.0, flags)
     if samples is not None:
         return samples
 
-    calibration, scale = _calibrate(ctx, est)
+    calibration, scale = ctx.calibrated(est)
     ks = ctx.allowed()
 
     # --- acceptance floor on the long window (the user's hard rule: no price check) ---
@@ -257,7 +273,7 @@ def _recovered(ctx: _Context, obs_guard: Observation | None) -> bool:
     s = ctx.settings
     if obs_guard is None or obs_guard.idle or not ctx.state.enabled:
         return False
-    short = estimate(obs_guard, ctx.tuning)
+    short = ctx.estimate(obs_guard)
     if short.alpha_pooled is None or short.alpha_stderr is None:
         return False
     if short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
@@ -279,18 +295,18 @@ def _bounds_rule(ctx: _Context) -> Decision | None:
     return _change(ctx, target, Rule.BOUNDS, reason, (), _metrics_flags(ctx), None, None, guard=True)
 
 
-def _metrics_flags(ctx: _Context) -> tuple[bool, str, str]:
-    """(MetricsAvailable, reason, message) for the current observations."""
+def _metrics_flags(ctx: _Context) -> Condition:
+    """MetricsAvailable for the current observations."""
     observed = ctx.observed
     if not observed.available:
-        return False, observed.reason, observed.message
+        return Condition(False, observed.reason, observed.message)
     obs = observed.guard or observed.window
     if obs is None:
-        return True, constants.REASON_METRICS_OK, "no series yet for the current config"
+        return Condition(True, constants.REASON_METRICS_OK, "no series yet for the current config")
     stale = _stale(ctx, obs)
     if stale is not None:
-        return False, constants.REASON_METRICS_STALE, stale
-    return True, constants.REASON_METRICS_OK, f"newest sample {fmt_s(obs.staleness_s)} old"
+        return Condition(False, constants.REASON_METRICS_STALE, stale)
+    return Condition(True, constants.REASON_METRICS_OK, f"newest sample {fmt_s(obs.staleness_s)} old")
 
 
 def _stale(ctx: _Context, obs: Observation) -> str | None:
@@ -336,22 +352,22 @@ def _health(ctx: _Context) -> Decision | None:
             return _make(
                 ctx, Action.HOLD, state.k, Rule.METRICS,
                 f"holding {label(ctx.current)}: {message}",
-                metrics=(False, constants.REASON_METRICS_MISSING, message),
+                metrics=Condition(False, constants.REASON_METRICS_MISSING, message),
             )
         return _make(
             ctx, Action.HOLD, state.k, Rule.WARMUP,
             f"waiting for the first scrapes of {label(ctx.current)}", metrics=flags,
         )
-    if not flags[0]:
+    if not flags.status:
         return _make(
             ctx, Action.HOLD, state.k, Rule.METRICS,
-            f"holding {label(ctx.current)}: {flags[2]}", metrics=flags,
+            f"holding {label(ctx.current)}: {flags.message}", metrics=flags,
         )
     return None
 
 
 def _samples_hold(
-    ctx: _Context, est: Estimate, fraction: float, flags: tuple[bool, str, str]
+    ctx: _Context, est: Estimate, fraction: float, flags: Condition
 ) -> Decision | None:
     """Hold when a window has too few requests or (speculation on) drafted tokens.
 
@@ -403,7 +419,7 @@ def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bo
     acceptance or load the long window has not caught up with)."""
     if long_obs is None or long_obs.idle:
         return True
-    long = estimate(long_obs, ctx.tuning)
+    long = ctx.estimate(long_obs)
     z = ctx.tuning.confidence_z
     if long.request_rate > 0:
         rel = math.hypot(short.rate_rel_stderr, long.rate_rel_stderr)
@@ -416,12 +432,12 @@ def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bo
     return False
 
 
-def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> Decision | None:
+def _guards(ctx: _Context, obs: Observation, flags: Condition) -> Decision | None:
     """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window)."""
     s, t = ctx.settings, ctx.tuning
     if obs.idle:
         return None
-    est = estimate(obs, t)
+    est = ctx.estimate(obs)
     fraction = s.guard_window_s / s.window_s
     if _samples_hold(ctx, est, fraction, flags) is not None:
         return None
@@ -448,7 +464,7 @@ def _guards(ctx: _Context, obs: Observation, flags: tuple[bool, str, str]) -> De
     if not (breaches or below_floor or fast):
         return None
 
-    calibration, scale = _calibrate(ctx, est)
+    calibration, scale = ctx.calibrated(est)
     preds = predict(calibration, est, lower + [current], current, s)
     cur = preds[current]
     window = fmt_s(s.guard_window_s)
@@ -572,7 +588,7 @@ def _reprobe(
     est: Estimate,
     calibration: Calibration,
     scale: float | None,
-    flags: tuple[bool, str, str],
+    flags: Condition,
 ) -> Decision:
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
     # The first failed probe may have met the tail of a dip: only repeated failures back off.
@@ -683,7 +699,7 @@ def _tune(
     est: Estimate,
     calibration: Calibration,
     scale: float | None,
-    flags: tuple[bool, str, str],
+    flags: Condition,
 ) -> Decision:
     s, t = ctx.settings, ctx.tuning
     current = ctx.current
@@ -757,7 +773,7 @@ def _change(
     rule: Rule,
     reason: str,
     preds: Mapping[int, ConfigPrediction] | Sequence[ConfigPrediction],
-    flags: tuple[bool, str, str],
+    flags: Condition,
     est: Estimate | None,
     scale: float | None,
     *,
@@ -778,7 +794,7 @@ def _change(
     # speed; minutes of a queue on one replica cost every request of those minutes. The floor
     # then waits for the load to allow a restart.
     if rule in FLOOR_RULES and est is not None:
-        calibration, _ = _calibrate(ctx, est)
+        calibration, _ = ctx.calibrated(est)
         _, high = _window_rates(ctx, est)
         capacity = rollout_capacity_of(calibration, est, (current, target), s)
         if capacity is not None and high >= t.restart_max_rollout_load * capacity:
@@ -818,7 +834,7 @@ def _change(
         and current in pred_map
         and target in pred_map
     ):
-        calibration, _ = _calibrate(ctx, est)
+        calibration, _ = ctx.calibrated(est)
         horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
         outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
         if not outlook.pays(t.min_switch_saving):
@@ -876,7 +892,7 @@ def _make(
     rule: Rule,
     reason: str,
     *,
-    metrics: tuple[bool, str, str],
+    metrics: Condition,
     predictions: Mapping[int, ConfigPrediction] | None = None,
     est: Estimate | None = None,
     scale: float | None = None,
@@ -890,7 +906,7 @@ def _make(
     if not enabled:
         k = None
     preds = dict(predictions or {})
-    effective, eff_reason, eff_message = _effectiveness(ctx, preds, est)
+    effective = _effectiveness(ctx, preds, est)
     if applied is None:
         applied = ctx.acting and action is not Action.HOLD
     return Decision(
@@ -900,12 +916,12 @@ def _make(
         reason=reason,
         rule=rule,
         applied=applied,
-        metrics_available=metrics[0],
-        metrics_reason=metrics[1],
-        metrics_message=metrics[2],
-        speculation_effective=effective,
-        effective_reason=eff_reason,
-        effective_message=eff_message,
+        metrics_available=bool(metrics.status),
+        metrics_reason=metrics.reason,
+        metrics_message=metrics.message,
+        speculation_effective=effective.status,
+        effective_reason=effective.reason,
+        effective_message=effective.message,
         predictions=tuple(preds[k2] for k2 in sorted(preds)),
         alpha=_best_alpha(ctx, est),
         step_scale=scale,
@@ -928,16 +944,16 @@ def _best_alpha(ctx: _Context, est: Estimate | None) -> float | None:
 
 def _effectiveness(
     ctx: _Context, preds: Mapping[int, ConfigPrediction], est: Estimate | None
-) -> tuple[bool | None, str, str]:
+) -> Condition:
     """SpeculationEffective: on and predicted at least as fast as off."""
     state = ctx.state
     if ctx.settings.mode is AutotuneMode.OFF:
-        return None, constants.REASON_DISABLED_BY_USER, "autotune is Off: not evaluated"
+        return Condition(None, constants.REASON_DISABLED_BY_USER, "autotune is Off: not evaluated")
     if not state.enabled:
-        return False, constants.REASON_SPECULATION_OFF, "speculation is off"
+        return Condition(False, constants.REASON_SPECULATION_OFF, "speculation is off")
     current = ctx.current
     if OFF not in preds or current not in preds or est is None:
-        return None, constants.REASON_NOT_ENOUGH_SAMPLES, "not evaluated yet"
+        return Condition(None, constants.REASON_NOT_ENOUGH_SAMPLES, "not evaluated yet")
     vs_off = preds[OFF].e2e_mean_s / preds[current].e2e_mean_s if math.isfinite(
         preds[current].e2e_mean_s
     ) else 0.0
@@ -947,5 +963,5 @@ def _effectiveness(
         f"{est.request_rate:.2f} req/s"
     )
     if vs_off >= 1.0:
-        return True, constants.REASON_SPECULATION_ON, message
-    return False, constants.REASON_SPECULATION_OFF, message
+        return Condition(True, constants.REASON_SPECULATION_ON, message)
+    return Condition(False, constants.REASON_SPECULATION_OFF, message)

@@ -20,7 +20,7 @@ from typing import Optional
 
 from specdecode import api, timestamps
 from specdecode.control.decision import Action
-from specdecode.control.memory import HistoryEntry
+from specdecode.control.memory import HistoryEntry, history_from_status
 from specdecode.perfmodel import OFF
 from specdecode.render import SpeculationChoice, initial_choice, stable_hash
 
@@ -173,7 +173,7 @@ def from_status(
     s = spec.speculation
     excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
     earlier = status.observations
-    history = tuple(sorted((HistoryEntry.from_status(r.to_wire()) for r in status.history), key=lambda e: e.time))
+    history = history_from_status(r.to_wire() for r in status.history)
     advice = None
     if status.recommendation is not None:
         r = status.recommendation
