@@ -259,9 +259,9 @@ def _decide(ctx: _Context) -> Decision:
                 return _change(ctx, target, Rule.FLOOR, reason, preds, flags, est, scale, guard=True)
 
     if not state.enabled:
-        return _reprobe(ctx, est, calibration, scale, flags)
+        return _reprobe(ctx, est, flags)
 
-    return _tune(ctx, est, calibration, scale, flags)
+    return _tune(ctx, est, flags)
 
 
 # --- rules -----------------------------------------------------------------------------------
@@ -583,13 +583,8 @@ def _reversion_loss(
     return low if move < stay else None
 
 
-def _reprobe(
-    ctx: _Context,
-    est: Estimate,
-    calibration: Calibration,
-    scale: float | None,
-    flags: Condition,
-) -> Decision:
+def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    calibration, scale = ctx.calibrated(est)
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
     # The first failed probe may have met the tail of a dip: only repeated failures back off.
     # A draft never seen above the floor counts as one failure already (probing it is a
@@ -694,13 +689,8 @@ def _locked_in(
     )
 
 
-def _tune(
-    ctx: _Context,
-    est: Estimate,
-    calibration: Calibration,
-    scale: float | None,
-    flags: Condition,
-) -> Decision:
+def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    calibration, scale = ctx.calibrated(est)
     s, t = ctx.settings, ctx.tuning
     current = ctx.current
     preds = predict(calibration, est, ctx.allowed(), current, s)
