@@ -13,7 +13,7 @@ K is derived here and nowhere else (`bounded`, `choose`; the declared K is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Optional
@@ -252,8 +252,3 @@ def to_status(
         history = list(status.history)
     return status.model_copy(update={"speculation": effective, "observations": observations, "history": history})
 
-
-def went_live(state: ControlState, at: float, ready_replicas: int, config_hash: str | None = None) -> ControlState:
-    """The state once every replica runs the current config (what the reconcile records)."""
-    return replace(state, live_since=at, ready_replicas=ready_replicas,
-                   config_hash=config_hash if config_hash is not None else state.config_hash)
