@@ -13,7 +13,7 @@ import yaml
 
 from specdecode import api, constants as C
 from specdecode.control import status as st
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 
 REPO = Path(__file__).resolve().parents[2]
 LUA_PATH = REPO / "manifests" / "argocd" / "health-specdecodeservice.lua"

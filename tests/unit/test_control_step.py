@@ -20,7 +20,7 @@ from specdecode.control.memory import HistoryEntry
 from specdecode.control.rules import decide
 from specdecode.control.settings import PolicySettings
 from specdecode.control.step import step
-from specdecode.perfmodel import OFF, Workload
+from specdecode.control.perfmodel import OFF, Workload
 
 from .test_policy import NOW, both
 

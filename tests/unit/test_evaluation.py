@@ -13,7 +13,7 @@ from specdecode.control import status as st
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.settings import PolicySettings
 from specdecode.control.step import advance
-from specdecode.perfmodel import Workload
+from specdecode.control.perfmodel import Workload
 from specdecode.timestamps import rfc3339
 
 from .test_policy import observe

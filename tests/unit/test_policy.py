@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdecode import constants, perfmodel, timestamps
+from specdecode import constants, timestamps
+from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode as Mode
 from specdecode.control import estimates, hedge, memory, rules
 from specdecode.control import settings as control_settings
@@ -18,8 +19,8 @@ from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import HistoryEntry, history_entry
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState as PolicyState
-from specdecode.metrics import ConfigKey, Observation, SpeculationCounts
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
+from specdecode.control.perfmodel import OFF, EngineParams, Workload
 
 NOW = 1_800_000_000.0
 TRUTH = EngineParams.for_method("draft_model")

@@ -10,7 +10,7 @@ import pytest
 from specdecode import api, constants as C
 from specdecode.control import state as cs
 from specdecode.control import status as st
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 from specdecode.timestamps import rfc3339
 
 from .conftest import service_doc

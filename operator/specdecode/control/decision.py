@@ -10,7 +10,7 @@ from enum import Enum, StrEnum
 from typing import Any
 
 from specdecode import timestamps
-from specdecode.perfmodel import OFF
+from specdecode.control.perfmodel import OFF
 
 
 class Action(str, Enum):

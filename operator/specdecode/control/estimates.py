@@ -9,11 +9,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
-from specdecode import constants, perfmodel
+from specdecode import constants
+from specdecode.control import perfmodel
 from specdecode.control.decision import ConfigPrediction
 from specdecode.control.settings import PolicySettings, PolicyTuning
-from specdecode.metrics import Observation
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF, EngineParams, Workload
 
 
 @dataclass(frozen=True)

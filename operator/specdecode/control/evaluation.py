@@ -14,7 +14,8 @@ from typing import Optional
 
 from specdecode import api
 from specdecode import constants as C
-from specdecode import metrics, timestamps
+from specdecode.control import metrics
+from specdecode import timestamps
 from specdecode.control import state as cs
 from specdecode.control import status as st
 from specdecode.control.decision import Action, Decision

@@ -3,7 +3,7 @@
 The most common way speculation breaks production is pods that never start: a draft whose
 vocabulary differs from the target's, a draft that pushes the GPU out of memory, a method
 the vLLM version lacks. The controller finds the failing pods and their diagnosis
-(`specdecode.failures`); this module decides: fall back to no speculation (Auto mode, when
+(`specdecode.control.failures`); this module decides: fall back to no speculation (Auto mode, when
 the user allows it), report only (Recommend and Off modes), or report Degraded (speculation
 may not be turned off, or the failure has nothing to do with speculation).
 
@@ -24,8 +24,8 @@ from specdecode import constants as C
 from specdecode import timestamps
 from specdecode.control import status as st
 from specdecode.control.state import Cause, active_failures
-from specdecode.failures import Diagnosis, PodFailure
-from specdecode.render import SpeculationChoice, initial_choice
+from specdecode.control.failures import Diagnosis, PodFailure
+from specdecode.render.workload import SpeculationChoice, initial_choice
 
 
 class Verdict(str, Enum):

@@ -9,12 +9,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from specdecode import perfmodel
+from specdecode.control import perfmodel
 from specdecode.control.estimates import (
     Calibration, Estimate, phase, round_rel, switch_outlook, workload_of,
 )
 from specdecode.control.settings import PolicySettings
-from specdecode.perfmodel import EngineParams, Workload
+from specdecode.control.perfmodel import EngineParams, Workload
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
 from specdecode import timestamps
 from specdecode.control.decision import Action
 from specdecode.control.settings import PolicyTuning
-from specdecode.metrics import Observation
-from specdecode.perfmodel import OFF
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF
 
 if TYPE_CHECKING:
     from specdecode.control.decision import Decision

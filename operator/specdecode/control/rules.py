@@ -5,7 +5,7 @@ randomness: time comes in as ``now``, the metrics as ``observed``, and everythin
 remembers comes from ``state`` (status plus the live Deployment) and ``history`` (the status's
 bounded decision history), so decisions survive an operator restart.
 
-A *config* is an integer as in `specdecode.perfmodel`: 0 is speculation off, K >= 1 is K
+A *config* is an integer as in `specdecode.control.perfmodel`: 0 is speculation off, K >= 1 is K
 drafted tokens per step.
 
 Order of the rules (the first that applies decides):
@@ -121,8 +121,8 @@ from specdecode.control.hedge import HedgeOutlook, best_hedge, rollout_capacity_
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, bounded
-from specdecode.metrics import Observation
-from specdecode.perfmodel import OFF
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdecode import perfmodel
+from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode
-from specdecode.perfmodel import OFF, EngineParams
+from specdecode.control.perfmodel import OFF, EngineParams
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,8 @@ class PolicySettings:
         tuning: PolicyTuning | None = None,
     ) -> "PolicySettings":
         """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
-        from specdecode import api, metrics
+        from specdecode import api
+        from specdecode.control import metrics
 
         auto, spec_k = spec.autotune, spec.speculation
         window = api.parse_duration(auto.window)

@@ -21,8 +21,8 @@ from typing import Optional
 from specdecode import api, timestamps
 from specdecode.control.decision import Action
 from specdecode.control.memory import HistoryEntry, history_from_status
-from specdecode.perfmodel import OFF
-from specdecode.render import SpeculationChoice, initial_choice, stable_hash
+from specdecode.control.perfmodel import OFF
+from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
 
 
 class Cause(StrEnum):

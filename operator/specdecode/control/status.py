@@ -14,7 +14,7 @@ from typing import Any, Iterable, Optional
 from specdecode import api
 from specdecode import constants as C
 from specdecode.control.state import Cause, declared_speculation_hash
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 from specdecode.timestamps import rfc3339
 
 

@@ -16,7 +16,7 @@ from specdecode.control.memory import history_entry, recent_low_alpha, stored
 from specdecode.control.rules import decide
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import Cause, ControlState
-from specdecode.metrics import Observation
+from specdecode.control.metrics import Observation
 
 
 def step(
