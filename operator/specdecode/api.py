@@ -1061,6 +1061,12 @@ class EffectiveSpeculation(StatusModel):
     k: Optional[int] = Field(None, description="num_speculative_tokens in use; absent when off.")
     since: Optional[str] = Field(None, description="When this speculation was chosen (RFC 3339).", max_length=64)
     reason: Optional[Redacted(1024)] = Field(None, description="Why it was chosen.", max_length=1024)
+    cause: Optional[str] = Field(
+        None,
+        description="Why it was chosen, as one word: Declared, AutotuneOff, Policy, Bounds, StartupFailure "
+        "or DraftIncompatible.",
+        max_length=32,
+    )
     config_hash: Optional[str] = Field(None, description="Hash of the rendered engine config.", max_length=64)
     live: Optional[bool] = Field(None, description="Whether every replica runs this config.")
     live_since: Optional[str] = Field(

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdecode import api, constants as C, status as st
+from specdecode import api, constants as C
+from specdecode.control import status as st
 from specdecode.render.workload import SpeculationChoice
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import yaml
 from specdecode import cli
 from specdecode.tools.bench import engine, run, suite
 from specdecode.control.perfmodel import OFF
-from specdecode.policy import Held
+from specdecode.control.decision import Held
 from specdecode.tools.scenario import benchmark_suite, builtin_scenario_path, load_scenario, parse_scenario
 
 SHORT = {
@@ -345,7 +345,7 @@ def test_a_day_long_stationary_scenario_reports_its_changes_against_the_oracles(
 
 
 def test_the_benchmark_names_rules_by_the_policys_enum(tmp_path):
-    from specdecode import policy as pol
+    from specdecode.control import decision as pol
 
     assert {r.value for r in pol.FALLBACK_RULES} == {"collapse", "floor", "fast-fallback", "slo-guard"}
     assert pol.FLOOR_RULES <= pol.FALLBACK_RULES and pol.PROBE_RULES.isdisjoint(pol.FALLBACK_RULES)

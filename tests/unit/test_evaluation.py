@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from specdecode import api, constants as C, evaluation, policy
-from specdecode import status as st
+from specdecode import api, constants as C
+from specdecode.control import decision as policy
+from specdecode.control import evaluation
+from specdecode.control import rules
+from specdecode.control import state as cs
+from specdecode.control import status as st
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.settings import PolicySettings
+from specdecode.control.step import advance
 from specdecode.control.perfmodel import Workload
 from specdecode.timestamps import rfc3339
 
@@ -35,11 +42,20 @@ def _decision(action=policy.Action.DISABLE, enabled=False, k=None, applied=True,
     )
 
 
+def _apply(status, spec, decision, observation, now):
+    """One evaluation's write with a given decision: the state from status, advanced by the
+    decision, written back."""
+    state = cs.from_status(status, spec, now, 1)
+    after = advance(state, decision, observation, spec.autotune.min_drafts, now.timestamp())
+    observed = PolicyObservations.of(observation, None)
+    return evaluation.apply_decision(status, spec, decision, after, observed, 1, now)
+
+
 def test_applied_disable_changes_speculation_and_says_so():
     spec = _spec()
     status = _status(spec)
-    state = evaluation.policy_state(status, spec, T0)
-    result = evaluation.apply_decision(status, spec, _decision(), state, None, 1, T0)
+    state = cs.from_status(status, spec, T0)
+    result = _apply(status, spec, _decision(), None, T0)
     assert result.rerender is True
     assert result.status.speculation.enabled is False and result.status.speculation.k is None
     assert result.status.speculation.since == rfc3339(T0)
@@ -53,13 +69,13 @@ def test_applied_disable_changes_speculation_and_says_so():
 def test_recommend_mode_reports_once_and_changes_nothing():
     spec = _spec("Recommend")
     status = _status(spec)
-    state = evaluation.policy_state(status, spec, T0)
-    first = evaluation.apply_decision(status, spec, _decision(applied=False), state, None, 1, T0)
+    state = cs.from_status(status, spec, T0)
+    first = _apply(status, spec, _decision(applied=False), None, T0)
     assert first.rerender is False
     assert first.status.speculation == status.speculation
     assert first.status.recommendation.action == "disable"
     assert len(first.status.history) == 1 and first.status.history[0].applied is False
-    again = evaluation.apply_decision(first.status, spec, _decision(applied=False), state, None, 1, T0 + timedelta(minutes=1))
+    again = _apply(first.status, spec, _decision(applied=False), None, T0 + timedelta(minutes=1))
     assert again.status.to_wire() == first.status.to_wire()  # same advice: no write, no event
     assert again.events == ()
 
@@ -67,10 +83,10 @@ def test_recommend_mode_reports_once_and_changes_nothing():
 def test_a_hold_writes_nothing_new():
     spec = _spec()
     status = _status(spec)
-    state = evaluation.policy_state(status, spec, T0)
+    state = cs.from_status(status, spec, T0)
     hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="K=3 is best within 5%")
-    first = evaluation.apply_decision(status, spec, hold, state, None, 1, T0)
-    again = evaluation.apply_decision(first.status, spec, hold, state, None, 1, T0 + timedelta(seconds=30))
+    first = _apply(status, spec, hold, None, T0)
+    again = _apply(first.status, spec, hold, None, T0 + timedelta(seconds=30))
     assert again.status.to_wire() == first.status.to_wire() and again.events == () and not again.rerender
 
 
@@ -78,9 +94,9 @@ def test_history_is_bounded():
     spec = _spec()
     status = _status(spec)
     for i in range(C.MAX_DECISION_HISTORY + 5):
-        state = evaluation.policy_state(status, spec, T0 + timedelta(minutes=i))
+        state = cs.from_status(status, spec, T0 + timedelta(minutes=i))
         decision = _decision(action=policy.Action.SET_K, enabled=True, k=2 + i % 2, reason=f"move {i}")
-        status = evaluation.apply_decision(status, spec, decision, state, None, 1, T0 + timedelta(minutes=i)).status
+        status = _apply(status, spec, decision, None, T0 + timedelta(minutes=i)).status
     assert len(status.history) == C.MAX_DECISION_HISTORY
     assert status.history[-1].reason == f"move {C.MAX_DECISION_HISTORY + 4}"
 
@@ -91,9 +107,9 @@ def test_policy_state_comes_from_status():
         "failed_configs": [api.FailedConfig(config_hash="x", spec_generation=1, cause="OutOfMemory", k=5, at=rfc3339(T0))],
         "observations": api.Observations(config_hash="abc", alpha=0.71),
     })
-    state = evaluation.policy_state(status, spec, T0, generation=1)
+    state = cs.from_status(status, spec, T0, generation=1)
     assert (state.enabled, state.k, state.excluded_ks, state.last_alpha) == (True, 3, frozenset(range(1, 9)), 0.71)
-    assert evaluation.policy_state(status, spec, T0, generation=2).excluded_ks == frozenset()  # spec changed
+    assert cs.from_status(status, spec, T0, generation=2).excluded_ks == frozenset()  # spec changed
     assert state.live_since == (T0 - timedelta(minutes=59)).timestamp()
 
 
@@ -115,8 +131,8 @@ def test_restart_price_includes_the_download_while_the_cache_is_an_empty_dir():
     local = api.parse_spec({"model": {"name": "/models/qwen"}, "speculation": {"method": "ngram"}})
     assert not local.downloads_weights_at_start
     assert evaluation.measured_restart_s(unmeasured, local) == evaluation.DEFAULT_RESTART_S
-    settings = policy.PolicySettings.from_spec(empty_dir, restart_s=evaluation.measured_restart_s(unmeasured, empty_dir))
-    assert settings.restart_s > policy.PolicySettings.from_spec(local, restart_s=evaluation.DEFAULT_RESTART_S).restart_s
+    settings = PolicySettings.from_spec(empty_dir, restart_s=evaluation.measured_restart_s(unmeasured, empty_dir))
+    assert settings.restart_s > PolicySettings.from_spec(local, restart_s=evaluation.DEFAULT_RESTART_S).restart_s
 
 
 def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
@@ -126,17 +142,17 @@ def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     spec = _spec()
     status = _status(spec)
     hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="hold")
-    state = evaluation.policy_state(status, spec, T0)
+    state = cs.from_status(status, spec, T0)
     seen = []
     for minute, (k, alpha) in enumerate([(3, 0.7), (3, 0.12), (3, 0.7), (0, None)]):
         now = T0 + timedelta(minutes=minute)
         observation = observe(Workload(8, 1000, 200, 0, alpha or 0.5), k, 300)
-        status = evaluation.apply_decision(status, spec, hold, state, observation, 1, now).status
+        status = _apply(status, spec, hold, observation, now).status
         seen.append(status.observations.recent_low_alpha)
     assert seen[0] == 0.7 and seen[1] == 0.12
     assert 0.12 < seen[2] < 0.15  # forgotten over about an hour, not at once
     assert seen[3] == seen[2]  # off: nothing measured, nothing forgotten
-    restarted = evaluation.policy_state(status, spec, T0 + timedelta(minutes=5))
+    restarted = cs.from_status(status, spec, T0 + timedelta(minutes=5))
     assert restarted.recent_low_alpha == seen[3]
 
 
@@ -148,7 +164,7 @@ def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download(
     load = Workload(12, 1000, 300, 0, 0.5)
     cached = evaluation.DEFAULT_RESTART_S
     downloading = evaluation.DEFAULT_RESTART_S + evaluation.DEFAULT_MODEL_DOWNLOAD_S
-    taken = policy.decide(auto(max_surge=0, restart_s=cached), on(3), both(load, 3), (), NOW)
-    held = policy.decide(auto(max_surge=0, restart_s=downloading), on(3), both(load, 3), (), NOW)
+    taken = rules.decide(auto(max_surge=0, restart_s=cached), on(3), both(load, 3), (), NOW)
+    held = rules.decide(auto(max_surge=0, restart_s=downloading), on(3), both(load, 3), (), NOW)
     assert taken.action is policy.Action.SET_K and taken.k == 1
     assert held.action is policy.Action.HOLD and "slower than staying" in held.reason

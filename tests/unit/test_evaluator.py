@@ -16,10 +16,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from specdecode import api, evaluation
-from specdecode.control import metrics, perfmodel
+from specdecode import api
 from specdecode import constants as C
-from specdecode import status as st
+from specdecode.control import evaluation, metrics, perfmodel
+from specdecode.control import status as st
 from specdecode.shell.evaluator import Evaluator, ServiceMemory
 from specdecode.shell.kube import Conflict
 from specdecode.control.metrics import ConfigKey

@@ -6,9 +6,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from specdecode import api, constants as C, fallback
+from specdecode import api, constants as C
 from specdecode.control import failures
-from specdecode import status as st
+from specdecode.control import fallback
+from specdecode.control import state as cs
+from specdecode.control import status as st
+from specdecode.control.state import Cause
 from specdecode.render.workload import SpeculationChoice
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
@@ -51,8 +54,8 @@ def test_auto_mode_falls_back_and_remembers_why():
 
 def test_current_choice_follows_the_fallback():
     spec = _spec()
-    choice, reason = st.current_choice(spec, _outcome(spec).status)
-    assert choice == SpeculationChoice.off() and reason.startswith(fallback.STARTUP_FAILURE_PREFIX)
+    choice, cause, reason = cs.choose(spec, _outcome(spec).status)
+    assert choice == SpeculationChoice.off() and cause is Cause.STARTUP_FAILURE and "vocab" in reason.lower()
 
 
 @pytest.mark.parametrize("mode", ["Recommend", "Off"])
@@ -82,29 +85,31 @@ def test_the_memory_lasts_until_the_spec_changes():
     assert fallback.forget_stale_failures(failed, spec, 4, T0 + timedelta(days=3)) == failed
     fixed = fallback.forget_stale_failures(failed, spec, 5, T0 + timedelta(minutes=1))
     assert fixed.failed_configs == [] and fixed.speculation is None
-    assert st.current_choice(spec, fixed)[0] == SpeculationChoice(k=3)
+    assert cs.choose(spec, fixed)[0] == SpeculationChoice(k=3)
 
 
 def test_unknown_causes_are_retried_after_the_back_off():
     spec = _spec()
     failed = _outcome(spec, message="Segmentation fault (core dumped)").status
     assert failed.failed_configs[0].classified is False
-    assert fallback.active_failures(failed, spec, 4, T0 + timedelta(hours=1)) != []
-    assert fallback.active_failures(failed, spec, 4, T0 + timedelta(hours=7)) == []
+    assert cs.active_failures(failed, spec, 4, T0 + timedelta(hours=1)) != []
+    assert cs.active_failures(failed, spec, 4, T0 + timedelta(hours=7)) == []
 
 
 def test_an_incompatible_draft_is_not_rolled_out_in_auto_mode():
     spec = _spec()
-    choice, reason = fallback.preflight_choice(spec, SpeculationChoice(k=3), "declared in spec", False, "vocab 152064 vs 151936")
-    assert choice == SpeculationChoice.off() and reason.startswith(fallback.DRAFT_INCOMPATIBLE_PREFIX)
+    choice, cause, reason = fallback.preflight_choice(spec, SpeculationChoice(k=3), Cause.DECLARED, "declared in spec",
+                                                      False, "vocab 152064 vs 151936")
+    assert choice == SpeculationChoice.off() and cause is Cause.DRAFT_INCOMPATIBLE and "vocab 152064" in reason
     # Recommend mode and allowDisable=false keep what runs; the condition reports it.
-    assert fallback.preflight_choice(_spec("Recommend"), SpeculationChoice(k=3), "x", False, "m")[0] == SpeculationChoice(k=3)
-    assert fallback.preflight_choice(_spec(allow_disable=False), SpeculationChoice(k=3), "x", False, "m")[0] == SpeculationChoice(k=3)
+    assert fallback.preflight_choice(_spec("Recommend"), SpeculationChoice(k=3), Cause.DECLARED, "x", False, "m")[0] == SpeculationChoice(k=3)
+    assert fallback.preflight_choice(_spec(allow_disable=False), SpeculationChoice(k=3), Cause.DECLARED, "x", False, "m")[0] == SpeculationChoice(k=3)
 
 
 def test_a_passing_preflight_restores_the_declared_speculation():
     spec = _spec()
-    choice, _ = fallback.preflight_choice(spec, SpeculationChoice.off(), fallback.DRAFT_INCOMPATIBLE_PREFIX + "x", True, "ok")
-    assert choice == SpeculationChoice(k=3)
+    choice, cause, _ = fallback.preflight_choice(spec, SpeculationChoice.off(), Cause.DRAFT_INCOMPATIBLE,
+                                                 "draft incompatible: x", True, "ok")
+    assert choice == SpeculationChoice(k=3) and cause is Cause.DECLARED
     # Off for another reason (the policy's) stays off.
-    assert fallback.preflight_choice(spec, SpeculationChoice.off(), "alpha 0.2 < floor", True, "ok")[0] == SpeculationChoice.off()
+    assert fallback.preflight_choice(spec, SpeculationChoice.off(), Cause.POLICY, "alpha 0.2 < floor", True, "ok")[0] == SpeculationChoice.off()

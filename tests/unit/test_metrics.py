@@ -261,7 +261,7 @@ class TestObservations:
     def test_alpha_undefined_without_drafts(self):
         counts = SpeculationCounts(0.0, 0.0, 0.0, ())
         assert counts.alpha is None and counts.acceptance_rate is None
-        assert counts.alpha_stderr is None and counts.mean_accepted_length is None
+        assert counts.mean_accepted_length is None
 
 
 # --- Emulated evaluation --------------------------------------------------------------------

@@ -11,10 +11,16 @@ from hypothesis import strategies as st
 
 from specdecode import constants, timestamps
 from specdecode.control import perfmodel
-from specdecode import policy as P
+from specdecode.api import AutotuneMode as Mode
+from specdecode.control import estimates, hedge, memory, rules
+from specdecode.control import settings as control_settings
+from specdecode.control.decision import Action
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.memory import HistoryEntry, history_entry
+from specdecode.control.settings import PolicySettings
+from specdecode.control.state import ControlState as PolicyState
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import OFF, EngineParams, Workload
-from specdecode.policy import Action, HistoryEntry, Mode, PolicyObservations, PolicySettings, PolicyState
 
 NOW = 1_800_000_000.0
 TRUTH = EngineParams.for_method("draft_model")
@@ -96,13 +102,13 @@ COLLAPSED = Workload(6, 1000, 300, 0, 0.2)
 
 
 def test_mode_off_never_acts_and_runs_the_declared_k():
-    decision = P.decide(auto(mode=Mode.OFF, configured_k=5), on(3), both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(mode=Mode.OFF, configured_k=5), on(3), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.HOLD and not decision.applied
     assert decision.enabled and decision.k == 5 and decision.rule == "mode-off"
 
 
 def test_recommend_computes_but_never_applies():
-    decision = P.decide(auto(mode=Mode.RECOMMEND), on(3), both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(mode=Mode.RECOMMEND), on(3), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.DISABLE and not decision.applied
     status = decision.recommendation_status(NOW)
     assert status["action"] == "disable" and status["enabled"] is False and "k" not in status
@@ -111,12 +117,12 @@ def test_recommend_computes_but_never_applies():
 
 def test_recommend_ignores_cooldown_and_budget():
     history = tuple(HistoryEntry(NOW - 60 * i, Action.SET_K, 2, 3) for i in range(1, 5))
-    decision = P.decide(auto(mode=Mode.RECOMMEND), on(8), both(LOW, 8), history, NOW)
+    decision = rules.decide(auto(mode=Mode.RECOMMEND), on(8), both(LOW, 8), history, NOW)
     assert decision.action is Action.SET_K and decision.k == 3 and not decision.applied
 
 
 def test_auto_applies():
-    decision = P.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.DISABLE and decision.applied
     assert decision.speculation_effective is False
     assert "alpha 0.20 < floor 0.35" in decision.reason
@@ -127,7 +133,7 @@ def test_auto_applies():
 
 def test_prometheus_unavailable_holds_and_reports():
     observed = PolicyObservations.unavailable("Prometheus at http://p is unreachable")
-    decision = P.decide(auto(), on(3), observed, (), NOW)
+    decision = rules.decide(auto(), on(3), observed, (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "metrics"
     assert decision.metrics_available is False
     assert decision.metrics_reason == constants.REASON_METRICS_MISSING
@@ -135,39 +141,39 @@ def test_prometheus_unavailable_holds_and_reports():
 
 
 def test_stale_metrics_hold():
-    decision = P.decide(auto(), on(3), both(COLLAPSED, 3, staleness=600), (), NOW)
+    decision = rules.decide(auto(), on(3), both(COLLAPSED, 3, staleness=600), (), NOW)
     assert decision.action is Action.HOLD
     assert decision.metrics_available is False
     assert decision.metrics_reason == constants.REASON_METRICS_STALE
 
 
 def test_missing_series_after_warmup_is_missing_metrics():
-    decision = P.decide(auto(), on(3), PolicyObservations.of(None, None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(None, None), (), NOW)
     assert decision.action is Action.HOLD and decision.metrics_available is False
     assert decision.metrics_reason == constants.REASON_METRICS_MISSING
 
 
 def test_missing_series_right_after_warmup_is_not_yet_a_failure():
     state = on(3, live=NOW - 125)  # warm-up 120 s, grace 3 scrapes of 15 s
-    decision = P.decide(auto(), state, PolicyObservations.of(None, None), (), NOW)
+    decision = rules.decide(auto(), state, PolicyObservations.of(None, None), (), NOW)
     assert decision.action is Action.HOLD and decision.metrics_available is True
 
 
 def test_nan_latency_and_missing_step_time_do_not_break_decisions():
     obs = replace(observe(LOW, 3, 300), e2e_p95_s=None, tpot_p95_s=None, step_time_mean_s=None)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
     assert decision.action is Action.HOLD and decision.metrics_available
 
 
 def test_idle_service_holds_without_failing():
     idle = replace(observe(LOW, 3, 300), requests=0.0, e2e_p95_s=None, tpot_p95_s=None)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(idle, replace(idle, window_s=75)), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(idle, replace(idle, window_s=75)), (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "idle"
     assert decision.metrics_available is True
 
 
 def test_spec_decode_series_absent_when_off_is_not_missing():
-    decision = P.decide(auto(), off(since=NOW - 60), both(LOW, OFF), (), NOW)
+    decision = rules.decide(auto(), off(since=NOW - 60), both(LOW, OFF), (), NOW)
     assert decision.metrics_available is True and decision.action is Action.HOLD
 
 
@@ -175,25 +181,25 @@ def test_spec_decode_series_absent_when_off_is_not_missing():
 
 
 def test_rollout_in_progress_holds():
-    decision = P.decide(auto(), on(3, live=None), both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(), on(3, live=None), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "rollout"
 
 
 def test_warmup_holds_even_on_collapse():
-    decision = P.decide(auto(), on(3, live=NOW - 60), both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(), on(3, live=NOW - 60), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "warmup"
 
 
 def test_guard_acts_before_the_long_window_is_complete():
     # Live for warm-up + guard window but not yet a full long window.
     state = on(3, live=NOW - 120 - 80)
-    decision = P.decide(auto(), state, both(COLLAPSED, 3), (), NOW)
+    decision = rules.decide(auto(), state, both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "collapse"
 
 
 def test_not_enough_requests_holds():
     few = replace(observe(COLLAPSED, 3, 300), requests=5.0)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(few, None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(few, None), (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "samples"
     assert "5 requests < 20" in decision.reason
 
@@ -201,14 +207,14 @@ def test_not_enough_requests_holds():
 def test_not_enough_drafts_holds():
     obs = observe(COLLAPSED, 3, 300)
     thin = replace(obs, speculation=SpeculationCounts(10, 30, 6, (2, 0.4, 0.08)))
-    decision = P.decide(auto(), on(3), PolicyObservations.of(thin, None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(thin, None), (), NOW)
     assert decision.action is Action.HOLD and decision.rule == "samples"
     assert "drafted tokens" in decision.reason
 
 
 def test_missing_per_position_series_holds():
     obs = observe(LOW, 3, 300, positions=False)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(obs, None), (), NOW)
     assert decision.action is Action.HOLD and "per-position" in decision.reason
 
 
@@ -217,7 +223,7 @@ def test_missing_per_position_series_holds():
 
 def test_floor_on_the_long_window():
     poor = Workload(8, 1000, 300, 0, 0.3)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(observe(poor, 3, 300), None), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(observe(poor, 3, 300), None), (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "floor"
     assert "over" in decision.reason and "drafted tokens" in decision.reason
 
@@ -225,20 +231,20 @@ def test_floor_on_the_long_window():
 def test_floor_without_allow_disable_goes_to_min_k():
     poor = Workload(8, 1000, 300, 0, 0.3)
     observed = PolicyObservations.of(observe(poor, 3, 300), None)
-    decision = P.decide(auto(allow_disable=False, min_k=2), on(3), observed, (), NOW)
+    decision = rules.decide(auto(allow_disable=False, min_k=2), on(3), observed, (), NOW)
     assert decision.action is Action.SET_K and decision.k == 2 and decision.enabled
 
 
 def test_collapse_seen_in_the_short_window_first():
     long = observe(LOW, 3, 300, alpha=0.6)  # the long window still mixes before/after
     short = observe(LOW, 3, 75, alpha=0.15)
-    decision = P.decide(auto(), on(3), PolicyObservations.of(long, short), (), NOW)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(long, short), (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "collapse"
 
 
 def test_collapse_bypasses_the_cooldown():
     history = (HistoryEntry(NOW - 60, Action.SET_K, 2, 3),)
-    decision = P.decide(auto(), on(3, since=NOW - 60), both(COLLAPSED, 3), history, NOW)
+    decision = rules.decide(auto(), on(3, since=NOW - 60), both(COLLAPSED, 3), history, NOW)
     # live_since is older than since in this synthetic state; the guard still acts.
     assert decision.action is Action.DISABLE
 
@@ -248,7 +254,7 @@ def test_slo_guard_falls_back_when_speculation_is_the_cause():
     settings = auto(slo_e2e_s=20.0, slo_tpot_s=None)
     long = observe(Workload(20, 1000, 300, 0, 0.8), 5, 300)  # before the surge
     short = observe(surge, 5, 75)
-    decision = P.decide(settings, on(5), PolicyObservations.of(long, short), (), NOW)
+    decision = rules.decide(settings, on(5), PolicyObservations.of(long, short), (), NOW)
     assert decision.rule == "slo-guard" and decision.changes
     assert decision.config < 5
     assert "P95 e2e" in decision.reason and "> SLO 20.00s" in decision.reason
@@ -259,7 +265,7 @@ def test_slo_guard_holds_when_overload_is_the_cause():
     settings = auto(slo_e2e_s=5.0, slo_tpot_s=None)  # no config meets 5 s at 34 req/s
     long = observe(overload, 2, 300)
     short = observe(overload, 2, 75)
-    decision = P.decide(settings, on(2), PolicyObservations.of(long, short), (), NOW)
+    decision = rules.decide(settings, on(2), PolicyObservations.of(long, short), (), NOW)
     assert decision.rule != "slo-guard"
 
 
@@ -267,13 +273,13 @@ def test_slo_guard_holds_when_overload_is_the_cause():
 
 
 def test_too_high_k_is_lowered():
-    decision = P.decide(auto(), on(8), both(LOW, 8), (), NOW)
+    decision = rules.decide(auto(), on(8), both(LOW, 8), (), NOW)
     assert decision.action is Action.SET_K and decision.k == 3 and decision.rule == "tune"
     assert "predicted K=3" in decision.reason
 
 
 def test_hysteresis_keeps_a_near_best_config():
-    decision = P.decide(auto(), on(4), both(LOW, 4), (), NOW)  # K=3 is best, by < 5%
+    decision = rules.decide(auto(), on(4), both(LOW, 4), (), NOW)  # K=3 is best, by < 5%
     assert decision.action is Action.HOLD and decision.rule == "hold"
     assert "best within 5%" in decision.reason
 
@@ -282,48 +288,48 @@ def test_restart_price_blocks_a_small_gain_with_one_spare_less_replica():
     load = Workload(12, 1000, 300, 0, 0.5)
     # Over a 30-minute payback horizon the rollout with one replica less costs more than a
     # 26% faster K=1 saves; over the default hour it repays.
-    tuning = P.PolicyTuning(payback_horizon_s=1800.0)
-    decision = P.decide(auto(max_surge=0, tuning=tuning), on(3), both(load, 3), (), NOW)
+    tuning = control_settings.PolicyTuning(payback_horizon_s=1800.0)
+    decision = rules.decide(auto(max_surge=0, tuning=tuning), on(3), both(load, 3), (), NOW)
     assert decision.action is Action.HOLD and "slower than staying" in decision.reason
-    longer = P.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
+    longer = rules.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
     assert longer.action is Action.SET_K and longer.k == 1 and "restart included" in longer.reason
 
 
 def test_cooldown_blocks_tuning():
     history = (HistoryEntry(NOW - 300, Action.SET_K, 3, 8),)
-    decision = P.decide(auto(), on(8, since=NOW - 300, live=NOW - 7000), both(LOW, 8), history, NOW)
+    decision = rules.decide(auto(), on(8, since=NOW - 300, live=NOW - 7000), both(LOW, 8), history, NOW)
     assert decision.action is Action.HOLD and decision.rule == "cooldown"
 
 
 def test_budget_blocks_tuning_but_keeps_a_slot_for_fallbacks():
     history = tuple(HistoryEntry(NOW - 3000 + 600 * i, Action.SET_K, 3, 8) for i in range(3))
     settings = auto(cooldown_s=60)
-    decision = P.decide(settings, on(8), both(LOW, 8), history, NOW)
+    decision = rules.decide(settings, on(8), both(LOW, 8), history, NOW)
     assert decision.action is Action.HOLD and decision.rule == "budget"
-    fallback = P.decide(settings, on(3), both(COLLAPSED, 3), history, NOW)
+    fallback = rules.decide(settings, on(3), both(COLLAPSED, 3), history, NOW)
     assert fallback.action is Action.DISABLE
 
 
 def test_budget_exhausted_blocks_even_fallbacks():
     history = tuple(HistoryEntry(NOW - 3000 + 600 * i, Action.SET_K, 3, 8) for i in range(4))
-    decision = P.decide(auto(cooldown_s=60), on(3), both(COLLAPSED, 3), history, NOW)
+    decision = rules.decide(auto(cooldown_s=60), on(3), both(COLLAPSED, 3), history, NOW)
     assert decision.action is Action.HOLD and decision.rule == "budget"
 
 
 def test_excluded_configs_are_never_chosen():
     state = replace(on(8), excluded_ks=frozenset({3}))
-    decision = P.decide(auto(), state, both(LOW, 8), (), NOW)
+    decision = rules.decide(auto(), state, both(LOW, 8), (), NOW)
     assert decision.k != 3 and decision.action is Action.SET_K
 
 
 def test_bounds_are_enforced_at_once():
-    decision = P.decide(auto(max_k=4), on(6), both(LOW, 6), (), NOW)
+    decision = rules.decide(auto(max_k=4), on(6), both(LOW, 6), (), NOW)
     assert decision.action is Action.SET_K and decision.k == 4 and decision.rule == "bounds"
 
 
 def test_high_load_turns_speculation_off():
     surge = Workload(40, 1000, 300, 0, 0.8)
-    decision = P.decide(auto(), on(3), both(surge, 3), (), NOW)
+    decision = rules.decide(auto(), on(3), both(surge, 3), (), NOW)
     assert decision.action is Action.DISABLE
 
 
@@ -337,13 +343,13 @@ DISABLED = (
 
 
 def test_off_waits_for_the_reprobe_interval():
-    decision = P.decide(auto(), off(since=NOW - 600), both(LOW, OFF), DISABLED, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 600), both(LOW, OFF), DISABLED, NOW)
     assert decision.action is Action.HOLD and "re-probe in" in decision.reason
     assert decision.speculation_effective is False
 
 
 def test_reprobe_enables_a_conservative_k_after_the_interval():
-    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), DISABLED, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), DISABLED, NOW)
     assert decision.action is Action.ENABLE and decision.rule == "reprobe"
     assert 1 <= decision.k <= 3
     assert "re-probe" in decision.reason
@@ -353,7 +359,7 @@ def test_reprobe_uses_remembered_good_acceptance():
     history = (
         HistoryEntry(NOW - 9500, Action.SET_K, 5, 3, "", True, 0.9, 1.0),
     ) + DISABLED
-    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
     assert decision.action is Action.ENABLE and "remembered alpha 0.90" in decision.reason
 
 
@@ -362,19 +368,19 @@ def test_reprobe_backs_off_after_repeated_failed_probes():
         HistoryEntry(NOW - 2500, Action.ENABLE, None, 2),
         HistoryEntry(NOW - 2000, Action.DISABLE, 2, None, "", True, 0.2, 1.0),
     )
-    decision = P.decide(auto(), off(since=NOW - 2000), both(LOW, OFF), one_failure, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 2000), both(LOW, OFF), one_failure, NOW)
     assert decision.action is Action.ENABLE  # one failure: the normal interval (30 min)
     two_failures = one_failure + (
         HistoryEntry(NOW - 1900, Action.ENABLE, None, 2),
         HistoryEntry(NOW - 1850, Action.DISABLE, 2, None, "", True, 0.2, 1.0),
     )
-    decision = P.decide(auto(), off(since=NOW - 1850), both(LOW, OFF), two_failures, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 1850), both(LOW, OFF), two_failures, NOW)
     assert decision.action is Action.HOLD and "x2 after 2 failed probes" in decision.reason
 
 
 def test_no_reprobe_when_load_is_too_high_for_any_speculation():
     surge = Workload(40, 1000, 300, 0, 0.8)
-    decision = P.decide(auto(), off(since=NOW - 4000), both(surge, OFF), DISABLED, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 4000), both(surge, OFF), DISABLED, NOW)
     assert decision.action is Action.HOLD and "would not pay" in decision.reason
 
 
@@ -383,11 +389,11 @@ def test_probe_that_does_not_pay_is_abandoned_quickly():
     # Live for warm-up + guard window only; acceptance above the floor but too low to pay.
     state = on(1, since=NOW - 500, live=NOW - 210)
     poor = Workload(16, 1000, 300, 0, 0.4)
-    decision = P.decide(auto(), state, both(poor, 1), history, NOW)
+    decision = rules.decide(auto(), state, both(poor, 1), history, NOW)
     assert decision.action is Action.DISABLE and decision.rule == "probe-abandon"
     assert "re-probe does not pay" in decision.reason
     # The same observations outside a probe trial need a large gain: no fast fallback.
-    settled = P.decide(auto(), on(1), both(poor, 1), (), NOW)
+    settled = rules.decide(auto(), on(1), both(poor, 1), (), NOW)
     assert settled.rule != "fast-fallback"
 
 
@@ -398,21 +404,21 @@ def test_history_round_trips_through_status():
     entry = HistoryEntry(NOW, Action.DISABLE, 3, None, "alpha 0.2 < floor", True, 0.2, 1.1)
     wire = entry.to_status()
     assert wire["fromK"] == 3 and "toK" not in wire and wire["action"] == "disable"
-    assert P.history_from_status([wire]) == (entry,)
+    assert memory.history_from_status([wire]) == (entry,)
 
 
 def test_decision_history_entry_records_what_was_left():
-    decision = P.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
-    entry = decision.history_entry(NOW, on(3))
+    decision = rules.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
+    entry = history_entry(decision, NOW, on(3))
     assert entry.from_k == 3 and entry.to_k is None and entry.alpha == pytest.approx(0.2, abs=0.01)
     assert entry.step_scale == pytest.approx(1.0, abs=0.05)
-    hold = P.decide(auto(), on(3), both(LOW, 3), (), NOW)
-    assert hold.history_entry(NOW, on(3)) is None
+    hold = rules.decide(auto(), on(3), both(LOW, 3), (), NOW)
+    assert history_entry(hold, NOW, on(3)) is None
 
 
 def test_decisions_are_deterministic():
     args = (auto(), on(8), both(LOW, 8), (), NOW)
-    assert P.decide(*args) == P.decide(*args)
+    assert rules.decide(*args) == rules.decide(*args)
 
 
 def test_time_helpers_round_trip():
@@ -421,17 +427,17 @@ def test_time_helpers_round_trip():
 
 def test_fit_acceptance_recovers_alpha_and_decay():
     probs = perfmodel.position_acceptance(0.8, 5, 0.9)
-    alpha, decay = P.fit_acceptance(10_000, [10_000 * p for p in probs])
+    alpha, decay = estimates.fit_acceptance(10_000, [10_000 * p for p in probs])
     assert alpha == pytest.approx(0.8, abs=1e-6) and decay == pytest.approx(0.9, abs=1e-6)
-    assert P.fit_acceptance(10_000, [8000.0]) == (pytest.approx(0.8), None)
-    assert P.fit_acceptance(10, [8.0]) == (None, None)
+    assert estimates.fit_acceptance(10_000, [8000.0]) == (pytest.approx(0.8), None)
+    assert estimates.fit_acceptance(10, [8.0]) == (None, None)
 
 
 def test_calibration_scale_tracks_a_slower_gpu():
     slow = replace(TRUTH, step_fixed_s=TRUTH.step_fixed_s * 2, per_batched_token_s=42e-6)
     obs = observe(LOW, 3, 300, params=slow)
-    est = P.estimate(obs, P.PolicyTuning())
-    assert 1.6 < P.step_scale(replace(TRUTH, replicas=2), 3, est) < 2.1
+    est = estimates.estimate(obs, control_settings.PolicyTuning())
+    assert 1.6 < estimates.step_scale(replace(TRUTH, replicas=2), 3, est) < 2.1
 
 
 def test_settings_from_spec():
@@ -499,7 +505,7 @@ def test_noise_around_a_steady_state_never_changes_anything(case, alpha_noise, r
             )
         )
     state = on(k) if k else off(since=NOW - 600)
-    decision = P.decide(auto(), state, PolicyObservations.of(*obs), (), NOW)
+    decision = rules.decide(auto(), state, PolicyObservations.of(*obs), (), NOW)
     assert decision.action is Action.HOLD, decision.reason
 
 
@@ -510,16 +516,16 @@ def test_remembered_slow_speculative_steps_keep_speculation_off():
         HistoryEntry(NOW - 9000, Action.SET_K, 5, 3, "tune", True, 0.5, 1.2),
         HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "collapse", True, 0.2, 1.2),
     )
-    decision = P.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 4000), both(LOW, OFF), history, NOW)
     assert decision.action is Action.HOLD and "would not pay" in decision.reason
 
 
 def test_a_draft_never_seen_paying_is_probed_less_often():
     history = (HistoryEntry(NOW - 3000, Action.DISABLE, 3, None, "floor", True, 0.3, 1.0),)
-    decision = P.decide(auto(), off(since=NOW - 3000), both(LOW, OFF), history, NOW)
+    decision = rules.decide(auto(), off(since=NOW - 3000), both(LOW, OFF), history, NOW)
     assert decision.action is Action.HOLD  # 50 min off: past 30 min, not past 2 x 30 min
     assert "acceptance never seen above the floor" in decision.reason
-    later = P.decide(auto(), off(since=NOW - 3700), both(LOW, OFF), history, NOW)
+    later = rules.decide(auto(), off(since=NOW - 3700), both(LOW, OFF), history, NOW)
     assert later.action is Action.ENABLE
 
 
@@ -539,18 +545,18 @@ def _ngram_below_floor(rate: float) -> tuple[PolicySettings, PolicyObservations]
 def _restart_pays(
     settings: PolicySettings, observed: PolicyObservations, horizon_s: float | None = None
 ) -> bool:
-    est = P.estimate(observed.window, settings.tuning)
-    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
-    calibration, _ = P._calibrate(ctx, est)
-    outlook = P.switch_outlook(calibration, est, 3, OFF, settings, horizon_s=horizon_s)
+    est = estimates.estimate(observed.window, settings.tuning)
+    ctx = rules._Context(settings, on(3), NOW, memory.remember((), on(3), NOW), observed)
+    calibration, _ = rules._calibrate(ctx, est)
+    outlook = estimates.switch_outlook(calibration, est, 3, OFF, settings, horizon_s=horizon_s)
     return outlook.pays(settings.tuning.min_switch_saving)
 
 
 def _rollout_capacity(settings: PolicySettings, observed: PolicyObservations) -> float:
-    est = P.estimate(observed.window, settings.tuning)
-    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
-    calibration, _ = P._calibrate(ctx, est)
-    capacity = P._rollout_capacity(calibration, est, (3, OFF), settings)
+    est = estimates.estimate(observed.window, settings.tuning)
+    ctx = rules._Context(settings, on(3), NOW, memory.remember((), on(3), NOW), observed)
+    calibration, _ = rules._calibrate(ctx, est)
+    capacity = hedge.rollout_capacity_of(calibration, est, (3, OFF), settings)
     assert capacity is not None
     return capacity
 
@@ -560,7 +566,7 @@ def test_floor_turns_speculation_off_even_when_the_restart_does_not_pay():
     keep K=3; the floor turns it off anyway (the one replica left carries the load easily)."""
     settings, observed = _ngram_below_floor(4)
     assert not _restart_pays(settings, observed)
-    decision = P.decide(settings, on(3), observed, (), NOW)
+    decision = rules.decide(settings, on(3), observed, (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "floor"
     assert "slower than staying" not in decision.reason
 
@@ -570,7 +576,7 @@ def test_floor_waits_while_the_rollout_would_overload_the_replica_left():
     for minutes: the floor holds, says why with numbers, and acts once the load allows."""
     settings, observed = _ngram_below_floor(14)
     assert not _restart_pays(settings, observed, settings.tuning.guard_payback_horizon_s)
-    decision = P.decide(settings, on(3), observed, (), NOW)
+    decision = rules.decide(settings, on(3), observed, (), NOW)
     assert decision.action is Action.HOLD and decision.rule in ("collapse", "floor")
     assert "replicas left serving" in decision.reason and "req/s" in decision.reason
     assert decision.k == 3 and decision.enabled
@@ -580,11 +586,11 @@ def test_floor_waits_while_the_rollout_would_overload_the_replica_left():
     assert "holding until the load allows a restart" in decision.effective_message
     # The long window alone (no short window) reaches the same verdict through the floor.
     long_only = PolicyObservations.of(observed.window, None)
-    held = P.decide(settings, on(3), long_only, (), NOW)
+    held = rules.decide(settings, on(3), long_only, (), NOW)
     assert held.action is Action.HOLD and held.rule == "floor"
     # The same acceptance at a load the replica left carries: off at once.
     _, calm = _ngram_below_floor(6)
-    assert P.decide(settings, on(3), calm, (), NOW).action is Action.DISABLE
+    assert rules.decide(settings, on(3), calm, (), NOW).action is Action.DISABLE
 
 
 def test_floor_is_not_held_when_staying_is_worse_than_the_overload():
@@ -596,16 +602,16 @@ def test_floor_is_not_held_when_staying_is_worse_than_the_overload():
     observed = PolicyObservations.of(observe(low, 3, 300), None)
     assert 10 >= settings.tuning.restart_max_rollout_load * _rollout_capacity(settings, observed)
     assert _restart_pays(settings, observed, settings.tuning.guard_payback_horizon_s)
-    decision = P.decide(settings, on(3), observed, (), NOW)
+    decision = rules.decide(settings, on(3), observed, (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "floor"
 
 
 def test_a_short_window_back_above_the_floor_suppresses_the_long_window_floor():
     long = observe(Workload(16, 1000, 300, 0, 0.25), 3, 300)  # the dip, still in the long window
     short = observe(Workload(16, 1000, 300, 0, 0.7), 3, 75)  # over: acceptance is back
-    decision = P.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, short), (), NOW)
+    decision = rules.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, short), (), NOW)
     assert decision.rule != "floor"
-    assert P.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, None), (), NOW).rule == "floor"
+    assert rules.decide(auto(max_surge=0), on(3), PolicyObservations.of(long, None), (), NOW).rule == "floor"
 
 
 # --- capacity hedge (maxSurge 0) ---------------------------------------------------------------
@@ -616,7 +622,7 @@ def test_hedge_moves_to_capacity_while_a_restart_is_still_affordable():
     16.6 req/s the last affordable restart is near: if the load rises on, K=3 is locked in
     and off would be far faster at its capacity."""
     rising = Workload(16.6, 1000, 300, 0, 0.8)
-    decision = P.decide(auto(max_surge=0), on(3), both(rising, 3), (), NOW)
+    decision = rules.decide(auto(max_surge=0), on(3), both(rising, 3), (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "hedge" and decision.applied
     assert "capacity hedge" in decision.reason and "if the load stays" in decision.reason
 
@@ -631,35 +637,35 @@ def test_hedge_moves_to_capacity_while_a_restart_is_still_affordable():
     ],
 )
 def test_no_hedge_outside_the_zone_or_with_surge(rate, max_surge):
-    decision = P.decide(auto(max_surge=max_surge), on(3), both(Workload(rate, 1000, 300, 0, 0.8), 3), (), NOW)
+    decision = rules.decide(auto(max_surge=max_surge), on(3), both(Workload(rate, 1000, 300, 0, 0.8), 3), (), NOW)
     assert decision.rule != "hedge" and decision.action is Action.HOLD
 
 
 def test_hedge_outlook_prices_the_premium_and_the_future():
     settings = auto(max_surge=0)
     observed = both(Workload(16.6, 1000, 300, 0, 0.8), 3)
-    est = P.estimate(observed.window, settings.tuning)
-    ctx = P._Context(settings, on(3), NOW, P.remember((), on(3), NOW), observed)
-    calibration, _ = P._calibrate(ctx, est)
-    outlook = P.hedge_outlook(calibration, est, 3, OFF, settings)
+    est = estimates.estimate(observed.window, settings.tuning)
+    ctx = rules._Context(settings, on(3), NOW, memory.remember((), on(3), NOW), observed)
+    calibration, _ = rules._calibrate(ctx, est)
+    outlook = hedge.hedge_outlook(calibration, est, 3, OFF, settings)
     assert outlook is not None and 17 < outlook.rollout_capacity_rps < 20
     assert outlook.future_rate > 35 and outlook.benefit > 0.5
     assert 0 < outlook.premium < 1 and outlook.value(0.5) > 0
-    assert P.hedge_outlook(calibration, est, 3, 2, settings) is None  # K=2: no more capacity
-    assert P.hedge_outlook(calibration, est, 3, OFF, auto(max_surge=1)) is None
+    assert hedge.hedge_outlook(calibration, est, 3, 2, settings) is None  # K=2: no more capacity
+    assert hedge.hedge_outlook(calibration, est, 3, OFF, auto(max_surge=1)) is None
 
 
 def test_a_hedge_is_not_undone_while_the_load_is_near_the_zone():
     """Off after a hedge at 14 req/s: K=2 pays at this load, but it would be locked in."""
-    near = P.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(14, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
+    near = rules.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(14, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
     assert near.action is Action.HOLD and "would be locked in" in near.reason
-    lower = P.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(8, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
+    lower = rules.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(8, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
     assert lower.action is Action.ENABLE and lower.rule == "reprobe"
 
 
 def test_reprobe_waits_while_a_failed_probe_would_overload_the_rollout():
     high = both(Workload(17, 1000, 300, 0, 0.8), OFF)
-    decision = P.decide(auto(max_surge=0), off(since=NOW - 4000), high, DISABLED, NOW)
+    decision = rules.decide(auto(max_surge=0), off(since=NOW - 4000), high, DISABLED, NOW)
     assert decision.action is Action.HOLD and "waiting for a lower load" in decision.reason
 
 
@@ -669,10 +675,10 @@ def test_reprobe_waits_while_a_failed_probe_would_overload_the_rollout():
 @pytest.mark.parametrize("k", [OFF, 3])
 def test_kv_memory_is_calibrated_from_the_usage_gauge(k):
     small = replace(TRUTH, kv_capacity_tokens=200_000)  # a GPU with half the KV memory
-    est = P.estimate(observe(Workload(8, 1000, 300, 0, 0.8), k, 300, params=small), P.PolicyTuning())
-    prior = P.PolicySettings(replicas=2).prior_params()
-    assert P.kv_scale(prior, k, est, P.PolicyTuning()) == pytest.approx(0.5, rel=0.02)
-    assert P.kv_scale(prior, k, replace(est, kv_usage=0.001), P.PolicyTuning()) is None
+    est = estimates.estimate(observe(Workload(8, 1000, 300, 0, 0.8), k, 300, params=small), control_settings.PolicyTuning())
+    prior = control_settings.PolicySettings(replicas=2).prior_params()
+    assert estimates.kv_scale(prior, k, est, control_settings.PolicyTuning()) == pytest.approx(0.5, rel=0.02)
+    assert estimates.kv_scale(prior, k, replace(est, kv_usage=0.001), control_settings.PolicyTuning()) is None
 
 
 # --- recent low acceptance: bursts do not lure tuning into a K that pays only while they last ---
@@ -686,16 +692,16 @@ def _window_at(alpha: float | None) -> Observation:
 
 def test_recent_low_alpha_takes_a_new_low_at_once_and_rises_slowly():
     drafts = 2000
-    assert P.recent_low_alpha(None, None, _window_at(0.7), drafts, NOW) == pytest.approx(0.7)
-    assert P.recent_low_alpha(0.7, NOW - 60, _window_at(0.1), drafts, NOW) == pytest.approx(0.1)
-    one_minute = P.recent_low_alpha(0.1, NOW - 60, _window_at(0.7), drafts, NOW, memory_s=3600)
+    assert memory.recent_low_alpha(None, None, _window_at(0.7), drafts, NOW) == pytest.approx(0.7)
+    assert memory.recent_low_alpha(0.7, NOW - 60, _window_at(0.1), drafts, NOW) == pytest.approx(0.1)
+    one_minute = memory.recent_low_alpha(0.1, NOW - 60, _window_at(0.7), drafts, NOW, memory_s=3600)
     assert one_minute == pytest.approx(0.1 + 0.6 / 60)
-    assert P.recent_low_alpha(0.1, NOW - 7200, _window_at(0.7), drafts, NOW, memory_s=3600) == pytest.approx(0.7)
+    assert memory.recent_low_alpha(0.1, NOW - 7200, _window_at(0.7), drafts, NOW, memory_s=3600) == pytest.approx(0.7)
     # Speculation off, an outage, or too few drafts: nothing learned, nothing forgotten.
-    assert P.recent_low_alpha(0.1, NOW - 7200, _window_at(None), drafts, NOW) == 0.1
-    assert P.recent_low_alpha(0.1, NOW - 7200, None, drafts, NOW) == 0.1
+    assert memory.recent_low_alpha(0.1, NOW - 7200, _window_at(None), drafts, NOW) == 0.1
+    assert memory.recent_low_alpha(0.1, NOW - 7200, None, drafts, NOW) == 0.1
     young = _window_at(0.05)
-    assert P.recent_low_alpha(0.7, NOW - 60, young, young.speculation.draft_tokens + 1, NOW) == 0.7
+    assert memory.recent_low_alpha(0.7, NOW - 60, young, young.speculation.draft_tokens + 1, NOW) == 0.7
 
 
 @settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow])
@@ -707,7 +713,7 @@ def test_recent_low_alpha_takes_a_new_low_at_once_and_rises_slowly():
 def test_recent_low_alpha_stays_between_the_old_low_and_the_present(previous, elapsed, alpha):
     window = _window_at(alpha)
     measured = window.speculation.alpha
-    low = P.recent_low_alpha(previous, NOW - elapsed, window, 0, NOW)
+    low = memory.recent_low_alpha(previous, NOW - elapsed, window, 0, NOW)
     assert low <= measured
     assert low >= min(measured, previous if previous is not None else measured)
 
@@ -717,10 +723,10 @@ def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():
     hour, K=8 would lose far more there than it gains now: K=3 is kept, with the reason."""
     busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
     settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
-    steady = P.decide(settings, on(3), busy, (), NOW)
+    steady = rules.decide(settings, on(3), busy, (), NOW)
     assert steady.action is Action.SET_K and steady.k == 8
-    wary = P.decide(settings, replace(on(3), recent_low_alpha=0.12), busy, (), NOW)
+    wary = rules.decide(settings, replace(on(3), recent_low_alpha=0.12), busy, (), NOW)
     assert wary.action is Action.HOLD and wary.k == 3
     assert "0.12 within the last hour" in wary.reason
     # A dip within the noise (less than reversion_min_drop) changes nothing.
-    assert P.decide(settings, replace(on(3), recent_low_alpha=0.7), busy, (), NOW).k == 8
+    assert rules.decide(settings, replace(on(3), recent_low_alpha=0.7), busy, (), NOW).k == 8

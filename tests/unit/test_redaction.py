@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specdecode import api, fallback
+from specdecode import api
 from specdecode.control import failures
 from specdecode.shell import kube
-from specdecode import status as status_module
+from specdecode.control import fallback
+from specdecode.control import status as status_module
 from specdecode.render.workload import SpeculationChoice
 from specdecode.redaction import MARK, RedactingFilter, install_log_redaction, redact
 

@@ -7,7 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from specdecode import api, constants as C, status as st
+from specdecode import api, constants as C
+from specdecode.control import state as cs
+from specdecode.control import status as st
 from specdecode.render.workload import SpeculationChoice
 from specdecode.timestamps import rfc3339
 
@@ -57,42 +59,50 @@ def test_missing_deployment_is_not_live():
     assert st.rollout_state(None, "abc") == st.RolloutState(exists=False)
 
 
+def _choice(spec, status):
+    choice, _cause, reason = cs.choose(spec, status)
+    return choice, reason
+
+
 def test_choice_starts_at_the_declared_k_and_then_follows_status():
     spec = _spec(numSpeculativeTokens=4)
-    choice, reason = st.current_choice(spec, None)
+    choice, reason = _choice(spec, None)
     assert choice == SpeculationChoice(k=4) and reason == "declared in spec"
     earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=False, reason="alpha 0.2 < floor", spec_hash=st.declared_speculation_hash(spec)))
-    assert st.current_choice(spec, earlier) == (SpeculationChoice.off(), "alpha 0.2 < floor")
+    assert _choice(spec, earlier) == (SpeculationChoice.off(), "alpha 0.2 < floor")
 
 
 def test_a_new_declaration_restarts_from_the_declared_k():
     old = _spec(numSpeculativeTokens=4)
     earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=True, k=2, spec_hash=st.declared_speculation_hash(old)))
-    assert st.current_choice(_spec(numSpeculativeTokens=5), earlier)[0] == SpeculationChoice(k=5)
+    assert _choice(_spec(numSpeculativeTokens=5), earlier)[0] == SpeculationChoice(k=5)
 
 
 def test_new_bounds_clamp_the_operators_choice():
     spec = _spec(numSpeculativeTokens=4, minK=3, maxK=6)
     earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=True, k=8, spec_hash=st.declared_speculation_hash(spec)))
-    choice, reason = st.current_choice(spec, earlier)
+    choice, reason = _choice(spec, earlier)
     assert choice == SpeculationChoice(k=6) and "bounds" in reason
 
 
 def test_off_is_not_kept_when_the_user_forbids_it():
+    """Off while allowDisable is false turns on at the declared K within the bounds (not minK):
+    the reconcile renders the K the policy's bounds rule enables at (`state.bounded`)."""
     spec = _spec(numSpeculativeTokens=4, minK=2, allowDisable=False)
     earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=False, spec_hash=st.declared_speculation_hash(spec)))
-    assert st.current_choice(spec, earlier)[0] == SpeculationChoice(k=2)
+    choice, cause, _ = cs.choose(spec, earlier)
+    assert choice == SpeculationChoice(k=4) and cause is cs.Cause.BOUNDS
 
 
 def test_autotune_off_runs_what_is_declared():
     spec = api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 4},
                            "autotune": {"mode": "Off"}})
     earlier = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(enabled=False))
-    assert st.current_choice(spec, earlier)[0] == SpeculationChoice(k=4)
+    assert _choice(spec, earlier)[0] == SpeculationChoice(k=4)
 
 
 def _outcome(**rollout):

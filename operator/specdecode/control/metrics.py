@@ -281,14 +281,6 @@ class SpeculationCounts:
         return _clamp01(math.fsum(self.accepted_per_position) / trials)
 
     @property
-    def alpha_stderr(self) -> float | None:
-        """Binomial standard error of `alpha`."""
-        alpha = self.alpha
-        if alpha is None:
-            return None
-        return math.sqrt(max(alpha * (1.0 - alpha), 0.0) / self.alpha_trials)
-
-    @property
     def k(self) -> int:
         """Number of draft positions the counters report (the K the pods ran)."""
         return len(self.accepted_per_position)

@@ -20,10 +20,11 @@ from kubernetes.client.exceptions import ApiException
 from .. import api
 from .. import constants as C
 from . import crashpoints, instrumentation
-from .. import fallback
 from ..control import failures
 from ..render import preflight, workload as render
-from .. import status as st
+from ..control import fallback
+from ..control import state as cs
+from ..control import status as st
 from .kube import Kube, content_drift
 
 Clock = Callable[[], datetime]
@@ -108,9 +109,10 @@ class Controller:
             # A start-up failure is remembered until the spec changes (or, unclassified, until
             # its retry back-off passes); then the declared speculation is tried again.
             remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
-            choice, reason = st.current_choice(service.spec, remembered)
+            choice, cause, reason = cs.choose(service.spec, remembered)
             compat = self._preflight(service.spec)
-            choice, reason = fallback.preflight_choice(service.spec, choice, reason, compat.compatible, compat.message)
+            choice, cause, reason = fallback.preflight_choice(
+                service.spec, choice, cause, reason, compat.compatible, compat.message)
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
         except (api.SpecError, render.RenderError) as err:
@@ -131,6 +133,7 @@ class Controller:
             apply_error=apply_error,
             rollout=st.rollout_state(deployment, config),
             choice=choice,
+            choice_cause=cause,
             choice_reason=reason,
             config_hash=config,
             method=spec.speculation.method.value,

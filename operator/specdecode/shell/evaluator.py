@@ -26,8 +26,10 @@ from kubernetes.client.exceptions import ApiException
 from .. import api
 from .. import constants as C
 from . import crashpoints, instrumentation
-from .. import evaluation, policy
 from ..control import metrics
+from ..control import evaluation
+from ..control.decision import Decision
+from ..control.settings import PolicySettings
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .settings import OperatorSettings
@@ -105,7 +107,7 @@ class Evaluator:
 
     # ---------------------------------------------------------------------------- evaluation
 
-    def evaluate_if_due(self, body: Mapping[str, Any], memory: ServiceMemory) -> Optional[policy.Decision]:
+    def evaluate_if_due(self, body: Mapping[str, Any], memory: ServiceMemory) -> Optional[Decision]:
         """Evaluate the service if its evaluationInterval has passed since this process last
         evaluated it. `body` is the object as kopf last saw it (no API read per tick); a tick
         that is not due returns before parsing it, while the spec's generation is unchanged."""
@@ -139,25 +141,24 @@ class Evaluator:
         return decision
 
     def _evaluate(self, body: dict, spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus,
-                  memory: ServiceMemory, now: datetime) -> policy.Decision:
+                  memory: ServiceMemory, now: datetime) -> Decision:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         stored = status
         if memory.observations is not None:
             status = status.model_copy(update={"observations": memory.observations})
-        settings = policy.PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
+        settings = PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
             read: metrics.ReadResult = access  # refused before any request
         else:
             read = self._read(access, evaluation.scopes_for(spec, settings), now.timestamp())
-        observed, window = evaluation.observations_for(
+        observed = evaluation.observations_for(
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
         )
-        state = evaluation.policy_state(status, spec, now, meta.get("generation"))
-        history = policy.history_from_status([r.to_wire() for r in status.history])
-        decision = policy.decide(settings, state, observed, history, now.timestamp())
-        result = evaluation.apply_decision(status, spec, decision, state, window, meta.get("generation"), now)
+        window = observed.window
+        result = evaluation.evaluate(status, spec, settings, observed, meta.get("generation"), now)
+        decision = result.decision
 
         self._log_metric_names(namespace, name, status, result.status)
         instrumentation.EVALUATIONS.labels(namespace, name).inc()
@@ -186,7 +187,7 @@ class Evaluator:
                           namespace, name, new)
 
     def _record(self, namespace: str, name: str, spec: api.SpecDecodeServiceSpec,
-                decision: policy.Decision, window: Optional[metrics.Observation]) -> None:
+                decision: Decision, window: Optional[metrics.Observation]) -> None:
         if decision.changes:
             instrumentation.record_decision(namespace, name, decision.action.value, spec.autotune.mode.value)
         instrumentation.METRICS_AVAILABLE.labels(namespace, name).set(1 if decision.metrics_available else 0)

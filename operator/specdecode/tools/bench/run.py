@@ -1,12 +1,15 @@
 """Running one scenario: the policy in simulated time, every static choice, the oracle.
 
-The policy runs as in production, with the API's default autotune settings (Auto mode, 1m
-evaluations, 5m window, 2m warm-up, 10m cooldown, 4 changes per hour, 30m re-probe), the
-scenario's SLO and replicas, maxSurge 0 / maxUnavailable 1, a 15s scrape interval and the
-prior costs of the scenario's method (never the scenario's true costs or acceptance). Every
-scrape interval the Ready pods advance (`telemetry.Fleet`), every evaluation interval the
-policy reads them through the production reader and decides; a change rolls through the
-replicas one at a time, each new pod Ready after the scenario's true ``rollout_s``.
+The policy runs as in production: a `SpecDecodeService` spec with the API's default autotune
+settings (Auto mode, 1m evaluations, 5m window, 2m warm-up, 10m cooldown, 4 changes per hour,
+30m re-probe), the scenario's SLO and replicas, maxSurge 0 / maxUnavailable 1, a 15s scrape
+interval and the prior costs of the scenario's method (never the scenario's true costs or
+acceptance), turned into settings by `PolicySettings.from_spec` (the restart price fixed at
+180s). Every scrape interval the Ready pods advance (`telemetry.Fleet`), every evaluation
+interval the policy reads them through the production reader and `evaluation.evaluate` runs
+the production step on the service's status (state read from it and written back); a change
+rolls through the replicas one at a time, each new pod Ready after the scenario's true
+``rollout_s``, and the reconcile's part (the new config live) is written into status too.
 
 Figures of a strategy (all from `engine.Segment` lists, BENCHMARK.md's definitions):
 - goodput: output tokens per second of requests meeting both SLO bounds, time-averaged;
@@ -33,15 +36,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-from specdecode import api
-from specdecode.control import perfmodel
-from specdecode import policy as pol
+from specdecode import api, timestamps
+from specdecode.control import perfmodel, promql
 from specdecode.tools.bench import engine, telemetry
-from specdecode.control.metrics import QueryScope, guard_window
+from specdecode.control import decision as dec
+from specdecode.control import evaluation
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.settings import PolicySettings
+from specdecode.control.metrics import QueryScope
 from specdecode.control.perfmodel import OFF
 from specdecode.tools.scenario import Scenario, load_scenario
 
@@ -70,35 +77,35 @@ def is_day_long_stationary(scenario: Scenario) -> bool:
     return len(scenario.phases) == 1 and scenario.duration >= DAY_LONG_S
 
 
-def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> pol.PolicySettings:
-    """The API's defaults applied to the scenario's service (SLO, replicas, K bounds)."""
-    auto, rollout, spec_k = api.Autotune(), api.Rollout(), scenario.params
-    window = api.parse_duration(auto.window)
-    return pol.PolicySettings(
-        mode=pol.Mode.AUTO,
-        method=scenario.method,
-        configured_k=declared_config(spec_k),
-        min_k=spec_k.min_k,
-        max_k=spec_k.max_k,
-        allow_disable=True,
-        evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
-        window_s=window,
-        guard_window_s=guard_window(window, scrape_interval_s),
-        warmup_s=api.parse_duration(auto.warmup),
-        min_drafts=auto.min_drafts,
-        min_requests=auto.min_requests,
-        acceptance_floor=auto.acceptance_floor,
-        slo_e2e_s=scenario.slo.p95_e2e_s,
-        slo_tpot_s=scenario.slo.p95_tpot_s,
-        cooldown_s=api.parse_duration(auto.cooldown),
-        max_changes_per_hour=auto.max_changes_per_hour,
-        reprobe_interval_s=api.parse_duration(auto.reprobe_interval),
-        replicas=spec_k.replicas,
-        max_surge=rollout.max_surge,
-        max_unavailable=rollout.max_unavailable,
-        restart_s=180.0,
-        scrape_interval_s=scrape_interval_s,
-    )
+RESTART_S = 180.0
+"""The restart price's duration the policy assumes (the scenario's true rollout is not told)."""
+
+
+def service_spec(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> api.SpecDecodeServiceSpec:
+    """The scenario's service as a user would declare it: the API's defaults, the scenario's
+    method, K bounds, replicas and SLO, K = 3 declared within the bounds."""
+    params = scenario.params
+    speculation: dict[str, Any] = {
+        "method": scenario.method, "numSpeculativeTokens": declared_config(params),
+        "minK": params.min_k, "maxK": params.max_k, "allowDisable": True,
+    }
+    if scenario.method == "draft_model":
+        speculation["draftModel"] = "bench/draft"
+    slo = {key: promql.format_duration(value) for key, value in
+           (("p95EndToEnd", scenario.slo.p95_e2e_s), ("p95TimePerOutputToken", scenario.slo.p95_tpot_s))
+           if value is not None}
+    return api.parse_spec({
+        "model": {"name": "bench/target"},
+        "speculation": speculation,
+        "replicas": params.replicas,
+        "autotune": {"slo": slo} if slo else {},
+        "metrics": {"scrapeInterval": promql.format_duration(scrape_interval_s)},
+    })
+
+
+def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> PolicySettings:
+    """The production settings of the scenario's service (`PolicySettings.from_spec`)."""
+    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s), restart_s=RESTART_S)
 
 
 # --- the policy in simulated time ------------------------------------------------------------
@@ -111,7 +118,7 @@ class Change:
     time: float
     from_config: int
     to_config: int
-    rule: str
+    rule: dec.Rule
     reason: str
 
 
@@ -121,8 +128,8 @@ class Blocked:
     budget)."""
 
     time: float
-    rule: pol.Rule
-    held: pol.Held
+    rule: dec.Rule
+    held: dec.Held
     reason: str
 
 
@@ -141,8 +148,23 @@ def _align(t: float, step: float) -> float:
     return math.ceil(t / step - 1e-9) * step
 
 
-def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
-    """The policy against the scenario (deterministic in the scenario's seed)."""
+def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float | None = None,
+              ready: int | None = None) -> api.SpecDecodeServiceStatus:
+    """What the reconcile writes: right after a change the new config's hash (the evaluator
+    reconciles at once), and once every replica runs it, live since then."""
+    update: dict[str, Any] = {"config_hash": telemetry.config_hash(config)}
+    if live_at is not None:
+        update.update(live=True, live_since=timestamps.rfc3339(live_at))
+    effective = status.speculation.model_copy(update=update)
+    return status.model_copy(update={"speculation": effective, "ready_replicas": ready if ready is not None
+                                     else status.ready_replicas})
+
+
+def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> PolicyRun:
+    """The policy against the scenario (deterministic in the scenario's seed), through the
+    production step and its status conversion (`evaluation.evaluate`)."""
+    spec = service_spec(scenario)
+    settings = settings or policy_settings(scenario)
     params = scenario.params
     replicas = params.replicas
     scrape = settings.scrape_interval_s
@@ -158,14 +180,18 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
     config = settings.configured_k
     for slot in range(replicas):
         fleet.start(slot, config)
-    state = pol.PolicyState(True, config, since=0.0, live_since=0.0, ready_replicas=replicas)
-    history: list[pol.HistoryEntry] = []
+    status = _rendered(
+        api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+            enabled=True, method=scenario.method, k=config, since=timestamps.rfc3339(0.0),
+            reason="declared in spec", cause="Declared",
+            spec_hash=evaluation.cs.declared_speculation_hash(spec),
+        )),
+        config, 0.0, replicas,
+    )
     run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
     transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
     live_at: float | None = None
-    observed_at: float | None = None  # status.observations.observedAt
 
-    long = None
     steps = int(math.floor(scenario.duration / scrape))
     for step in range(steps):
         t0 = step * scrape
@@ -181,7 +207,7 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             else:
                 fleet.start(slot, new_config)
         if live_at is not None and t >= live_at - 1e-9:
-            state = replace(state, live_since=live_at, ready_replicas=fleet.ready)
+            status = _rendered(status, config, live_at, fleet.ready)
             live_at = None
         outage = scenario.metrics_outage_at(t)
         if not outage:
@@ -190,48 +216,39 @@ def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
             continue
 
         if outage:
-            observed = pol.PolicyObservations.unavailable(
+            observed = PolicyObservations.unavailable(
                 f"Prometheus at http://prometheus:9090 is unreachable (scenario outage at "
                 f"{t / 60:.0f}m)"
             )
             run.metrics_unavailable += 1
         else:
-            current = state.config
-            long = telemetry.current_observation(fleet.observe(long_scope, t), scenario.name, current)
-            short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, current)
-            observed = pol.PolicyObservations.of(long, short)
-        decision = pol.decide(settings, state, observed, tuple(history), t)
-        # status.observations.alpha: updated when the long window has acceptance, kept
-        # through outages and holds without it.
-        # status.observations.recentLowAlpha: every evaluation with observations updates it.
-        if not outage and long is not None:
-            low = pol.recent_low_alpha(state.recent_low_alpha, observed_at, long, settings.min_drafts, t)
-            state = replace(state, recent_low_alpha=low)
-            observed_at = t
-            if long.speculation is not None and long.speculation.alpha is not None:
-                state = replace(state, last_alpha=long.speculation.alpha)
+            long = telemetry.current_observation(fleet.observe(long_scope, t), scenario.name, config)
+            short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, config)
+            observed = PolicyObservations.of(long, short)
+        result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t))
+        status, decision = result.status, result.decision
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
             run.alpha_trace.append((t, decision.alpha))
-        if not (decision.applied and decision.changes):
+        if not result.rerender:
             if decision.held is not None:
                 run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
             continue
-        entry = decision.history_entry(t, state)
-        if entry is not None:
-            history = (history + [entry])[-pol.constants.MAX_DECISION_HISTORY:]
-        old, new = state.config, decision.config
+        old, new = config, decision.config
         run.changes.append(Change(t, old, new, decision.rule, decision.reason))
         run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
         for slot in range(replicas):
             transitions.append((t + slot * rollout_s, slot, "stop", new))
             transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
         live_at = t + replicas * rollout_s
-        state = pol.PolicyState(decision.enabled, decision.k, since=t, live_since=None,
-                                ready_replicas=fleet.ready, last_alpha=None,
-                                recent_low_alpha=state.recent_low_alpha)
+        config = new
+        status = _rendered(status, config, ready=fleet.ready)
     return run
+
+
+def _datetime(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
 
 
 # --- figures -------------------------------------------------------------------------------
@@ -393,7 +410,7 @@ def _config_at(run: PolicyRun, t: float, initial: int) -> int:
 
 
 def _events(
-    scenario: Scenario, settings: pol.PolicySettings, run: PolicyRun
+    scenario: Scenario, settings: PolicySettings, run: PolicyRun
 ) -> dict[str, Any]:
     floor = settings.acceptance_floor
     phases = scenario.phases
@@ -418,9 +435,9 @@ def _events(
             held = None
             if change is None:
                 # The floor's own hold explains most; the other fallback rules' holds next.
-                blocks = [(b.rule not in pol.FLOOR_RULES, b.time, b.held, b.reason)
+                blocks = [(b.rule not in dec.FLOOR_RULES, b.time, b.held, b.reason)
                           for b in run.blocked
-                          if start <= b.time < end and b.rule in pol.FALLBACK_RULES]
+                          if start <= b.time < end and b.rule in dec.FALLBACK_RULES]
                 held = {"by": min(blocks)[2], "reason": min(blocks)[3]} if blocks else None
             # Visible with the first scrape after the change, or after an outage hiding it.
             visible = start
@@ -450,8 +467,8 @@ def _events(
     previous: Change | None = None
     for change in run.changes:
         index = scenario.phase_index_at(change.time)
-        probing = change.rule in pol.PROBE_RULES or (
-            previous is not None and previous.rule is pol.Rule.REPROBE
+        probing = change.rule in dec.PROBE_RULES or (
+            previous is not None and previous.rule is dec.Rule.REPROBE
             and change.to_config < change.from_config
         )
         if change.time - phases[index].at >= settle:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specdecode.tools.bench.run import ORACLE, ORACLE_SCHEDULES, POLICY, ScenarioResult, run_scenario
-from specdecode.policy import Held
+from specdecode.control.decision import Held
 
 TARGET_MEAN = 0.97
 TARGET_WORST = 0.93

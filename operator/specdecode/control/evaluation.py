@@ -1,9 +1,9 @@
-"""Pure glue between the policy and the status: what the policy is told, and what its
-decision changes in status.
+"""Pure glue between the control step and the status: what the policy is told, and what an
+evaluation changes in status.
 
-Everything the policy remembers comes from status (effective speculation, history, failed
-configs) and the live Deployment, so a restarted operator decides exactly as the old one
-would have.
+Everything the control loop remembers comes from status (`state.from_status`), so a restarted
+operator decides exactly as the old one would have; `evaluate` runs one `step` and writes its
+state back (`state.to_status`) with the conditions, the recommendation and the Events.
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Optional
 
-from . import api
-from . import constants as C
-from . import fallback, policy
-from .control import metrics
-from . import status as st
-from . import timestamps
+from specdecode import api
+from specdecode import constants as C
+from specdecode.control import metrics
+from specdecode import timestamps
+from specdecode.control import state as cs
+from specdecode.control import status as st
+from specdecode.control.decision import Action, Decision
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.settings import PolicySettings
+from specdecode.control.step import step
 
 DEFAULT_RESTART_S = 180.0
 # A model download on a pod start with an empty cache: a 7-8B model (about 16 GB in bf16) at
@@ -30,42 +34,13 @@ class EvaluationResult:
     """A decision turned into a new status and the Events to post about it."""
 
     status: api.SpecDecodeServiceStatus
-    decision: policy.Decision
+    decision: Decision
     events: tuple[tuple[str, str, str], ...]  # (type, reason, message)
     rerender: bool  # the effective speculation changed: the Deployment must be re-rendered
 
 
 def _epoch(text: Optional[str]) -> Optional[float]:
     return timestamps.epoch_seconds(text) if text else None
-
-
-def policy_state(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, now: datetime,
-                 generation: Optional[int] = None) -> policy.PolicyState:
-    """The policy's view of what runs, from status alone."""
-    effective = status.speculation
-    # While a speculative config that could not start is remembered, no K is tried: the
-    # known causes (vocabulary, memory, method) fail for every K alike.
-    remembered = fallback.active_failures(status, spec, generation, now)
-    s = spec.speculation
-    excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
-    if effective is None:
-        k = spec.speculation.num_speculative_tokens
-        return policy.PolicyState(enabled=True, k=k, since=now.timestamp(), live_since=None,
-                                  ready_replicas=status.ready_replicas or 0, excluded_ks=excluded)
-    # The previous evaluation's acceptance, if it was measured on the config that runs now:
-    # kept through an outage, it remembers that the draft paid.
-    earlier = status.observations
-    last_alpha = earlier.alpha if earlier and earlier.config_hash == effective.config_hash else None
-    return policy.PolicyState(
-        enabled=effective.enabled,
-        k=effective.k if effective.enabled else None,
-        since=_epoch(effective.since) or now.timestamp(),
-        live_since=_epoch(effective.live_since),
-        ready_replicas=status.ready_replicas or 0,
-        excluded_ks=excluded,
-        last_alpha=last_alpha,
-        recent_low_alpha=earlier.recent_low_alpha if earlier else None,
-    )
 
 
 def measured_restart_s(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec) -> float:
@@ -87,33 +62,49 @@ def observations_for(
     namespace: str,
     name: str,
     config_hash: Optional[str],
-    settings: policy.PolicySettings,
-) -> tuple[policy.PolicyObservations, Optional[metrics.Observation]]:
+    settings: PolicySettings,
+) -> PolicyObservations:
     """The current config's observations over the long and the guard window."""
     if isinstance(read, metrics.MetricsUnavailable):
-        return policy.PolicyObservations.unavailable(read.message, read.reason), None
+        return PolicyObservations.unavailable(read.message, read.reason)
     long_scope, guard_scope = scopes_for(spec, settings)
     window = read.for_service(long_scope, namespace, name).get(config_hash or "")
     guard = read.for_service(guard_scope, namespace, name).get(config_hash or "")
-    return policy.PolicyObservations.of(window, guard), window
+    return PolicyObservations.of(window, guard)
 
 
-def scopes_for(spec: api.SpecDecodeServiceSpec, settings: policy.PolicySettings) -> tuple[metrics.QueryScope, metrics.QueryScope]:
+def scopes_for(spec: api.SpecDecodeServiceSpec, settings: PolicySettings) -> tuple[metrics.QueryScope, metrics.QueryScope]:
     selector = spec.metrics.selector
     return metrics.QueryScope.of(settings.window_s, selector), metrics.QueryScope.of(settings.guard_window_s, selector)
+
+
+def evaluate(
+    status: api.SpecDecodeServiceStatus,
+    spec: api.SpecDecodeServiceSpec,
+    settings: PolicySettings,
+    observed: PolicyObservations,
+    generation: Optional[int],
+    now: datetime,
+) -> EvaluationResult:
+    """One evaluation: the state from status, one `step`, and the status after it
+    (observations, recommendation, history, conditions and, when the operator acts, the new
+    effective speculation)."""
+    state = cs.from_status(status, spec, now, generation)
+    decision, after = step(settings, state, observed, now.timestamp())
+    return apply_decision(status, spec, decision, after, observed, generation, now)
 
 
 def apply_decision(
     status: api.SpecDecodeServiceStatus,
     spec: api.SpecDecodeServiceSpec,
-    decision: policy.Decision,
-    state: policy.PolicyState,
-    observation: Optional[metrics.Observation],
+    decision: Decision,
+    after: cs.ControlState,
+    observed: PolicyObservations,
     generation: Optional[int],
     now: datetime,
 ) -> EvaluationResult:
-    """The status after a decision: observations, recommendation, history, conditions and,
-    when the operator acts, the new effective speculation."""
+    """The status after a decision and the state `step` left (`state.to_status`), with the
+    conditions, the recommendation and the Events."""
     epoch = now.timestamp()
     conds = st.set_condition(
         status.conditions, C.COND_METRICS_AVAILABLE, decision.metrics_available,
@@ -125,60 +116,27 @@ def apply_decision(
             decision.effective_reason, decision.effective_message, now, generation,
         )
 
-    observations = status.observations
-    if observation is not None:
-        low = policy.recent_low_alpha(
-            observations.recent_low_alpha if observations else None,
-            _epoch(observations.observed_at) if observations else None,
-            observation,
-            spec.autotune.min_drafts,
-            epoch,
-        )
-        observations = api.Observations.model_validate(
-            {**observation.to_status(), "observedAt": timestamps.rfc3339(now),
-             "recentLowAlpha": None if low is None else round(low, 4)}
-        )
-
     recommendation = api.Recommendation.model_validate(decision.recommendation_status(epoch))
-    if status.recommendation is not None and _same_advice(status.recommendation, recommendation):
+    new_advice = status.recommendation is None or not _same_advice(status.recommendation, recommendation)
+    if not new_advice:
         # Unchanged advice keeps the time it was first given (fresh reason and numbers ride
         # along whenever something else makes the status worth a write).
         recommendation = recommendation.model_copy(update={"at": status.recommendation.at})
 
-    history = list(status.history)
+    window = observed.window if observed.available else None
     events: list[tuple[str, str, str]] = []
-    effective = status.speculation
-    rerender = False
-    entry = decision.history_entry(epoch, state)
-    new_advice = status.recommendation is None or not _same_advice(status.recommendation, recommendation)
-    if entry is not None and (decision.applied or new_advice):
-        history.append(api.DecisionRecord.model_validate(entry.to_status()))
-        history = history[-C.MAX_DECISION_HISTORY:]
-    if decision.applied and decision.changes:
-        rerender = True
-        effective = api.EffectiveSpeculation(
-            enabled=decision.enabled,
-            method=spec.speculation.method.value,
-            k=decision.k if decision.enabled else None,
-            since=timestamps.rfc3339(now),
-            reason=decision.reason[:1024],
-            live=False,
-            spec_hash=st.declared_speculation_hash(spec),
-        )
-        kind = "Warning" if decision.action is policy.Action.DISABLE else "Normal"
+    rerender = decision.applied and decision.changes
+    if rerender:
+        kind = "Warning" if decision.action is Action.DISABLE else "Normal"
         events.append((kind, C.EVENT_SPECULATION_CHANGED, f"{decision.action.value}: {decision.reason}"))
     elif decision.changes and new_advice:
         events.append(("Normal", C.EVENT_RECOMMENDATION, f"recommend {decision.action.value}: {decision.reason}"))
 
-    new_status = status.model_copy(
-        update={
-            "conditions": conds,
-            "observations": observations,
-            "recommendation": recommendation,
-            "history": history,
-            "speculation": effective,
-        }
-    )
+    new_status = cs.to_status(
+        after, status, spec, reason=decision.reason,
+        observation=None if window is None else window.to_status(),
+        max_history=C.MAX_DECISION_HISTORY,
+    ).model_copy(update={"conditions": conds, "recommendation": recommendation})
     return EvaluationResult(new_status, decision, tuple(events), rerender)
 
 

@@ -19,14 +19,13 @@ from datetime import datetime
 from enum import Enum
 from typing import Optional
 
-from . import api
-from . import constants as C
-from . import status as st
-from .control.failures import Diagnosis, PodFailure
-from .render.workload import SpeculationChoice
-from . import timestamps
-
-STARTUP_FAILURE_PREFIX = "startup failure: "
+from specdecode import api
+from specdecode import constants as C
+from specdecode import timestamps
+from specdecode.control import status as st
+from specdecode.control.state import Cause, active_failures
+from specdecode.control.failures import Diagnosis, PodFailure
+from specdecode.render.workload import SpeculationChoice, initial_choice
 
 
 class Verdict(str, Enum):
@@ -45,22 +44,6 @@ def verdict(spec: api.SpecDecodeServiceSpec, choice: SpeculationChoice, diagnosi
     return Verdict.FALLBACK
 
 
-def active_failures(
-    status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, generation: Optional[int], now: datetime
-) -> list[api.FailedConfig]:
-    """Failed configs still remembered: same spec generation, and for unclassified causes
-    within the retry back-off."""
-    retry_s = api.parse_duration(spec.autotune.startup_failure_retry)
-    keep = []
-    for failed in status.failed_configs:
-        if failed.spec_generation != generation:
-            continue  # the spec changed: the user may have fixed it
-        if not failed.classified and (now - timestamps.parse_rfc3339(failed.at)).total_seconds() >= retry_s:
-            continue
-        keep.append(failed)
-    return keep
-
-
 def forget_stale_failures(
     status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, generation: Optional[int], now: datetime
 ) -> api.SpecDecodeServiceStatus:
@@ -70,7 +53,7 @@ def forget_stale_failures(
     if len(keep) == len(status.failed_configs):
         return status
     effective = status.speculation
-    if effective is not None and not effective.enabled and (effective.reason or "").startswith(STARTUP_FAILURE_PREFIX) and not keep:
+    if effective is not None and effective.cause == Cause.STARTUP_FAILURE and not keep:
         effective = None
     return status.model_copy(update={"failed_configs": keep, "speculation": effective})
 
@@ -114,7 +97,8 @@ def apply_startup_failure(
         conds = st.set_condition(conds, C.COND_DEGRADED, False, "AsExpected", "", now, generation)
         updates["speculation"] = api.EffectiveSpeculation(
             enabled=False, method=spec.speculation.method.value, since=timestamps.rfc3339(now),
-            reason=f"{STARTUP_FAILURE_PREFIX}{cause}"[:1024], live=False, spec_hash=st.declared_speculation_hash(spec),
+            reason=f"startup failure: {cause}"[:1024], cause=Cause.STARTUP_FAILURE.value, live=False,
+            spec_hash=st.declared_speculation_hash(spec),
         )
         history = [*status.history, api.DecisionRecord(
             time=timestamps.rfc3339(now), action="fallback", from_k=choice.k, to_k=None, applied=True,
@@ -132,22 +116,20 @@ def apply_startup_failure(
     return StartupOutcome(new, tuple(events), decided is Verdict.FALLBACK)
 
 
-DRAFT_INCOMPATIBLE_PREFIX = "draft incompatible: "
-
-
 def preflight_choice(
     spec: api.SpecDecodeServiceSpec,
     choice: SpeculationChoice,
+    cause: Cause,
     reason: str,
     compatible: Optional[bool],
     message: str,
-) -> tuple[SpeculationChoice, str]:
+) -> tuple[SpeculationChoice, Cause, str]:
     """The speculation to render given the draft preflight: in Auto mode a draft known to be
     incompatible is not rolled out (its pods would crash-loop); once the preflight passes, a
     choice made because of it gives way to the declared speculation."""
     may_disable = spec.autotune.mode == api.AutotuneMode.AUTO and spec.speculation.allow_disable
     if compatible is False and choice.enabled and may_disable:
-        return SpeculationChoice.off(), f"{DRAFT_INCOMPATIBLE_PREFIX}{message}"[:1024]
-    if compatible is not False and not choice.enabled and reason.startswith(DRAFT_INCOMPATIBLE_PREFIX):
-        return SpeculationChoice(k=spec.speculation.num_speculative_tokens), "declared in spec (draft preflight passed)"
-    return choice, reason
+        return SpeculationChoice.off(), Cause.DRAFT_INCOMPATIBLE, f"draft incompatible: {message}"[:1024]
+    if compatible is not False and not choice.enabled and cause is Cause.DRAFT_INCOMPATIBLE:
+        return initial_choice(spec), Cause.DECLARED, "declared in spec (draft preflight passed)"
+    return choice, cause, reason

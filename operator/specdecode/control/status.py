@@ -8,13 +8,14 @@ steady service costs no API writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Optional
 
-from . import api
-from . import constants as C
-from .render.workload import SpeculationChoice, stable_hash
-from .timestamps import rfc3339
+from specdecode import api
+from specdecode import constants as C
+from specdecode.control.state import Cause, declared_speculation_hash
+from specdecode.render.workload import SpeculationChoice
+from specdecode.timestamps import rfc3339
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,44 +132,6 @@ def rollout_state(deployment: Optional[dict[str, Any]], rendered_hash: str) -> R
 
 
 # ---------------------------------------------------------------------------------------------
-# The effective speculation, derived from status (no memory in the operator process)
-# ---------------------------------------------------------------------------------------------
-
-
-def declared_speculation_hash(spec: api.SpecDecodeServiceSpec) -> str:
-    """What the user declared about speculation, bounds aside: when it changes, the operator
-    starts again from the declared K instead of its own earlier choice."""
-    s = spec.speculation
-    return stable_hash([s.method.value, s.draft_model, s.draft_revision, s.num_speculative_tokens], length=8)
-
-
-def current_choice(
-    spec: api.SpecDecodeServiceSpec, status: Optional[api.SpecDecodeServiceStatus]
-) -> tuple[SpeculationChoice, str]:
-    """The speculation to run now, and why, from the spec and the operator's earlier choice.
-
-    Off mode runs what is declared. Otherwise the earlier choice stands (clamped into new
-    bounds) unless the user changed what they declared about speculation.
-    """
-    s = spec.speculation
-    declared = SpeculationChoice(k=s.num_speculative_tokens)
-    if spec.autotune.mode == api.AutotuneMode.OFF:
-        return declared, "autotune is Off: running the declared K"
-    earlier = status.speculation if status else None
-    if earlier is None or earlier.spec_hash != declared_speculation_hash(spec):
-        return declared, "declared in spec"
-    if not earlier.enabled:
-        if s.allow_disable:
-            return SpeculationChoice.off(), earlier.reason or "turned off by the operator"
-        return SpeculationChoice(k=s.min_k), "speculation may not be turned off (allowDisable: false): minK"
-    k = earlier.k if earlier.k is not None else s.num_speculative_tokens
-    clamped = min(max(k, s.min_k), s.max_k)
-    if clamped != k:
-        return SpeculationChoice(k=clamped), f"K {k} moved into the new bounds [{s.min_k}, {s.max_k}]"
-    return SpeculationChoice(k=k), earlier.reason or "chosen by the operator"
-
-
-# ---------------------------------------------------------------------------------------------
 # Phase and conditions from a reconcile
 # ---------------------------------------------------------------------------------------------
 
@@ -181,6 +144,7 @@ class ReconcileOutcome:
     apply_error: Optional[str] = None
     rollout: RolloutState = RolloutState(exists=False)
     choice: Optional[SpeculationChoice] = None
+    choice_cause: Cause = Cause.DECLARED
     choice_reason: str = ""
     config_hash: Optional[str] = None
     method: Optional[str] = None
@@ -287,6 +251,7 @@ def next_status(
         k=choice.k,
         since=since,
         reason=outcome.choice_reason,
+        cause=outcome.choice_cause.value,
         config_hash=outcome.config_hash,
         live=r.live,
         live_since=live_since,

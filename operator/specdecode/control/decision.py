@@ -1,0 +1,189 @@
+"""What the policy decides: the action, the rule that decided, why a wanted change held,
+and the predictions behind it (typed: the status, the benchmark and the shell read these
+members, never the words of a reason)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Any
+
+from specdecode import timestamps
+from specdecode.control.perfmodel import OFF
+
+
+class Action(str, Enum):
+    """What a decision does."""
+
+    HOLD = "hold"
+    SET_K = "set_k"
+    DISABLE = "disable"
+    ENABLE = "enable"
+    FALLBACK = "fallback"
+    """Speculation turned off because its pods could not start (history only; the policy
+    never decides it)."""
+
+
+class Rule(StrEnum):
+    """The policy's rules: what decided (``Decision.rule``). One name for the policy, its
+    history, the status and the benchmark, which classifies outcomes by these members, never
+    by the words of a reason."""
+
+    MODE_OFF = "mode-off"
+    BOUNDS = "bounds"
+    METRICS = "metrics"
+    ROLLOUT = "rollout"
+    WARMUP = "warmup"
+    IDLE = "idle"
+    SAMPLES = "samples"
+    SLO_GUARD = "slo-guard"
+    COLLAPSE = "collapse"
+    FAST_FALLBACK = "fast-fallback"
+    PROBE_ABANDON = "probe-abandon"
+    FLOOR = "floor"
+    REPROBE = "reprobe"
+    HEDGE = "hedge"
+    TUNE = "tune"
+    HOLD = "hold"
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"
+
+
+FLOOR_RULES = frozenset({Rule.FLOOR, Rule.COLLAPSE})
+"""The acceptance floor on the long (floor) and the short (collapse) window: the user's hard
+rule, no restart price."""
+FALLBACK_RULES = frozenset({Rule.COLLAPSE, Rule.FLOOR, Rule.FAST_FALLBACK, Rule.SLO_GUARD})
+"""Rules that fall back from a collapse of acceptance."""
+PROBE_RULES = frozenset({Rule.REPROBE, Rule.PROBE_ABANDON})
+"""Exploration: a re-probe of a config and its abandonment."""
+
+
+class Held(StrEnum):
+    """Why nothing changes (`Decision.hold`); the first four also say why a rule that wanted
+    a change held instead (``Decision.held``)."""
+
+    OVERLOAD = "overload"
+    """The rollout would overload the replicas left serving and not repay itself."""
+    PRICE = "price"
+    """The restart makes the change slower than staying over the payback horizon."""
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"
+    METRICS = "metrics"
+    """Metrics unavailable, missing or stale: fail static."""
+    WARMUP = "warmup"
+    """A rollout, the warm-up of the config or its first full window: its metrics do not count yet."""
+    SAMPLES = "samples"
+    """Idle, or too few requests or drafted tokens to judge."""
+    SETTLED = "settled"
+    """Nothing is predicted to pay enough to change (or a re-probe is not due)."""
+    MODE_OFF = "mode-off"
+    """autotune.mode Off: no decisions."""
+
+
+HOLD_OF_RULE = {
+    Rule.MODE_OFF: Held.MODE_OFF,
+    Rule.METRICS: Held.METRICS,
+    Rule.ROLLOUT: Held.WARMUP,
+    Rule.WARMUP: Held.WARMUP,
+    Rule.IDLE: Held.SAMPLES,
+    Rule.SAMPLES: Held.SAMPLES,
+    Rule.COOLDOWN: Held.COOLDOWN,
+    Rule.BUDGET: Held.BUDGET,
+}
+"""The hold each rule that decides to hold stands for (other rules: settled)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A status condition's value as a decision sets it (MetricsAvailable,
+    SpeculationEffective): ``status`` None leaves the condition as it is."""
+
+    status: bool | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ConfigPrediction:
+    """The calibrated model's view of one config at the observed load."""
+
+    k: int
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    goodput_tokens_per_s: float
+    capacity_rps: float
+    score: float
+    """min(goodput / best goodput, best latency / latency): 1.0 is the best config."""
+    speedup: float
+    """Mean e2e latency of the current config / this config's (> 1: faster)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do, why, and what the status conditions should say."""
+
+    action: Action
+    enabled: bool
+    k: int | None
+    reason: str
+    rule: Rule
+    """Which rule decided (cooldown and budget: a change held by them)."""
+    applied: bool
+    """True when the operator acts on it (Auto mode and a change)."""
+    metrics_available: bool
+    metrics_reason: str
+    metrics_message: str
+    speculation_effective: bool | None
+    effective_reason: str
+    effective_message: str
+    predictions: tuple[ConfigPrediction, ...] = ()
+    alpha: float | None = None
+    """The best acceptance the current config showed in this evaluation's windows (long and
+    short): what history remembers of it."""
+    step_scale: float | None = None
+    held: Held | None = None
+    """Why a rule that wanted a change held (None: it did not hold one back)."""
+    wanted: Rule | None = None
+    """The rule whose change was held (for cooldown and budget holds, the one that wanted it)."""
+
+    @property
+    def config(self) -> int:
+        return self.k if (self.enabled and self.k) else OFF
+
+    @property
+    def changes(self) -> bool:
+        return self.action is not Action.HOLD
+
+    @property
+    def hold(self) -> Held | None:
+        """Why nothing changes (None for a change)."""
+        if self.changes:
+            return None
+        if self.held is not None:
+            return self.held
+        return HOLD_OF_RULE.get(self.rule, Held.SETTLED)
+
+    def predicted_speedup(self) -> float | None:
+        """Predicted speed of the decided config relative to the current one."""
+        for p in self.predictions:
+            if p.k == self.config:
+                return p.speedup
+        return None
+
+    def recommendation_status(self, now: float) -> dict[str, Any]:
+        """status.recommendation (camelCase)."""
+        out: dict[str, Any] = {
+            "action": self.action.value,
+            "enabled": self.enabled,
+            "reason": self.reason[:2048],
+            "at": timestamps.rfc3339(now),
+        }
+        if self.enabled and self.k is not None:
+            out["k"] = self.k
+        speedup = self.predicted_speedup()
+        if speedup is not None and math.isfinite(speedup):
+            out["predictedSpeedup"] = round(speedup, 3)
+        return out

@@ -1,0 +1,957 @@
+"""The speculation policy: a pure, deterministic decision function.
+
+``decide(settings, state, observed, history, now) -> Decision``. No I/O, no clock, no
+randomness: time comes in as ``now``, the metrics as ``observed``, and everything the policy
+remembers comes from ``state`` (status plus the live Deployment) and ``history`` (the status's
+bounded decision history), so decisions survive an operator restart.
+
+A *config* is an integer as in `specdecode.control.perfmodel`: 0 is speculation off, K >= 1 is K
+drafted tokens per step.
+
+Order of the rules (the first that applies decides):
+
+1. Mode Off: hold the spec's declared K; no decisions (the handler renders the spec as is).
+2. Bounds: a current config outside the spec's bounds (the user narrowed them) moves to the
+   nearest allowed one at once.
+3. Metrics health (fail static): Prometheus unavailable, the current config's series missing
+   once they should exist, or stale beyond ``stale_after_scrapes`` scrapes -> hold with
+   ``MetricsAvailable=False``. A rollout in progress, the warm-up of a new config and an idle
+   service are holds with metrics still available: absent is not failed.
+4. Fast guards on the short (guard) window, speculation on, bypassing the cooldown:
+   - SLO guard: P95 e2e or P95 TPOT above its SLO and a smaller K (or off) predicted to meet
+     it and to score at least ``slo_guard_margin`` better: fall back now. When no config is
+     predicted to meet the SLO at the observed load the breach is overload, not speculation:
+     the guard holds (a restart would take a replica away while it is needed most) and leaves
+     it to the tuning rule, which moves to a higher-capacity config only if that repays the
+     restart.
+   - Acceptance collapse: alpha confidently below the floor on the guard window and the model
+     agrees that less speculation is better -> off (minK when disabling is not allowed).
+     The floor is the user's hard rule: no restart price applies, with one exception: with
+     maxSurge 0, while the load is above ``restart_max_rollout_load`` of what the replicas
+     left serving carry and the rollout would not repay itself over the guard horizon, the
+     floor waits (an overloaded replica costs every request of those minutes; low
+     acceptance costs some speed).
+   - Fast fallback / probe abandonment: a smaller K or off predicted better by
+     ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
+   A collapse held back by the change budget does not end the evaluation: the rules below
+   (the floor among them) still run.
+5. Enough data: the long window must lie entirely after the current config's warm-up, with
+   ``minRequests`` finished requests and (speculation on) ``minDrafts`` drafted tokens.
+6. Acceptance floor (the user's hard rule) on the long window: alpha confidently below it ->
+   off (or minK), whatever the restart costs but an overloading rollout (as in 4); unless
+   the short window, newer, shows alpha confidently back above the floor (the long window's
+   acceptance is then the past).
+7. Speculation off: re-probe after ``reprobeInterval`` (doubled after every further probe
+   that failed in a row, and once more for a draft never seen above the floor, up to
+   ``reprobe_backoff_max`` times), when the model predicts that the remembered acceptance
+   (the best of history's entries and status.observations.alpha before the switch-off, at
+   least ``default_probe_alpha``) would pay at the current load, restart included; at the
+   best K for a slightly lower acceptance (conservative). With maxSurge 0 a probe also waits
+   while the load is above ``restart_max_rollout_load`` of what the replicas left serving
+   during a rollout carry (a failed probe costs two restarts), and while the probed K would
+   be locked in (the hedge's release, below).
+8. Capacity hedge (maxSurge 0, two replicas or more): a rollout serves on the replicas left;
+   once the load passes what they carry, every restart is an overload and the running config
+   is locked in. When the load (the long window at its lower confidence bound, and the short
+   window) reaches ``hedge_zone`` of that rollout capacity (but not the capacity itself), the
+   policy insures against the load rising on to the current config's capacity
+   (x ``hedge_overload``): it moves to a config with ``hedge_min_capacity_gain`` more
+   capacity that would be ``hedge_min_benefit`` faster there, when the mean e2e saved in that
+   future outweighs the mean e2e it costs at today's load over the payback horizon, restart
+   included (`hedge_outlook`, weights ``hedge_rise_prior``). Release: no tuning move or
+   re-probe goes to a config with less capacity while the load on either window is above
+   ``hedge_release`` of the rollout capacity and the hedge would send it back at once.
+9. Tuning: the best config by predicted score; act only when it beats the current one by the
+   hysteresis margin at the point estimate, is no worse at every corner of the confidence box
+   (alpha +- z*sigma, request rate +- z*sigma), survives a return of acceptance to its
+   recent low (status.observations.recentLowAlpha, when ``reversion_min_drop`` below today's:
+   the move must not lose on average over the two futures, so n-gram bursts do not lure K
+   up for as long as they last), repays the restart within ``payback_horizon_s``, and the
+   cooldown and change budget allow it.
+
+Prediction (the performance model calibrated to the observations):
+
+* workload: the observed request rate, prompt and output tokens per request, the waiting queue
+  as an initial backlog, and the estimated acceptance (temperature is inside alpha);
+* acceptance: alpha and its decay over positions from a weighted log-linear fit of the
+  per-position rates ``alpha_i = a * d**i`` (weights = the trials at each position), so a
+  longer or shorter K is predicted without trying it; with K = 1 the decay is the prior's;
+* cost: ``scale = measured mean step time / perfmodel.step_time(prior, K, batch, context,
+  prefill)`` at the observed batch; every time cost of the prior is multiplied by it. The
+  other side (off when on, on when off) uses the scale remembered from the last window it was
+  measured in (history), else the current one;
+* KV memory: the KV-usage gauge over the running batch gives the tokens a replica holds; the
+  prior's KV capacity is scaled to it (both sides alike: a smaller GPU), so capacities and
+  the rollout's capacity follow the real cache;
+* each config's phase over ``prediction_horizon_s`` (queueing included) gives mean/P95 e2e,
+  TPOT and goodput; ``score(k) = min(goodput_k / best goodput, best latency / latency_k)``
+  (the benchmark's headline score); ``speedup(k) = latency(current) / latency(k)``;
+* restart price: a change restarts every replica; with ``maxSurge`` 0 each round takes
+  ``maxUnavailable`` replicas away for ``restart_s`` while the others carry the load and the
+  queue builds. `switch_outlook` compares staying with switching now over
+  ``payback_horizon_s`` (one hour for tuning moves and re-probes, decided on the long window;
+  ``guard_payback_horizon_s``, 30 minutes, for short-window guards): the rollout's rounds
+  with the queue carried, then the new config. A change must save latency (or win good
+  tokens) over that horizon, restart included.
+
+Confidence: alpha's standard error is binomial over the trials times an overdispersion factor
+(tokens of one request are correlated); the request rate's relative error is
+``sqrt(overdispersion / requests)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from specdecode import constants
+from specdecode.api import AutotuneMode
+from specdecode.control.decision import (
+    FLOOR_RULES, Action, Condition, ConfigPrediction, Decision, Held, Rule,
+)
+from specdecode.control.estimates import (
+    Calibration, Estimate, PolicyObservations, estimate, kv_scale, predict, scaled_params,
+    step_scale, switch_outlook,
+)
+from specdecode.control.explain import (
+    describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, summary,
+)
+from specdecode.control.hedge import HedgeOutlook, best_hedge, rollout_capacity_of
+from specdecode.control.memory import HistoryEntry, Memory, remember
+from specdecode.control.settings import PolicySettings, PolicyTuning
+from specdecode.control.state import ControlState, bounded
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF
+
+
+@dataclass(frozen=True)
+class _Context:
+    settings: PolicySettings
+    state: ControlState
+    now: float
+    memory: Memory
+    observed: PolicyObservations
+    _computed: dict = field(default_factory=dict, compare=False, repr=False)
+    """Estimates and calibrations of this decision, each computed once."""
+
+    def estimate(self, obs: Observation) -> Estimate:
+        """The estimate of one of this decision's windows (computed once per window)."""
+        key = ("estimate", id(obs))
+        if key not in self._computed:
+            self._computed[key] = (obs, estimate(obs, self.tuning))
+        return self._computed[key][1]
+
+    def calibrated(self, est: Estimate) -> tuple[Calibration, float | None]:
+        """The model calibrated on ``est`` (computed once per estimate)."""
+        key = ("calibration", id(est))
+        if key not in self._computed:
+            self._computed[key] = (est, _calibrate(self, est))
+        return self._computed[key][1]
+
+    @property
+    def tuning(self) -> PolicyTuning:
+        return self.settings.tuning
+
+    @property
+    def current(self) -> int:
+        return self.state.config
+
+    @property
+    def acting(self) -> bool:
+        return self.settings.mode is AutotuneMode.AUTO
+
+    @property
+    def in_probe_trial(self) -> bool:
+        """A re-probe whose first full window after warm-up is not over yet."""
+        live = self.state.live_since
+        if not self.memory.in_probe or live is None:
+            return False
+        return self.now < live + self.settings.warmup_s + self.settings.window_s
+
+    def allowed(self) -> tuple[int, ...]:
+        return tuple(k for k in self.settings.configs() if k not in self.state.excluded_ks or k == OFF)
+
+
+def decide(
+    settings: PolicySettings,
+    state: ControlState,
+    observed: PolicyObservations,
+    history: Sequence[HistoryEntry],
+    now: float,
+) -> Decision:
+    """The policy. Pure and deterministic: same inputs, same decision."""
+    ctx = _Context(settings, state, now, remember(history, state, now), observed)
+    return _decide(ctx)
+
+
+def _decide(ctx: _Context) -> Decision:
+    s, state = ctx.settings, ctx.state
+    if s.mode is AutotuneMode.OFF:
+        return _make(
+            ctx,
+            Action.HOLD,
+            s.configured_k,
+            Rule.MODE_OFF,
+            f"autotune mode Off: running numSpeculativeTokens={s.configured_k} as declared; "
+            "no decisions",
+            metrics=_metrics_flags(ctx),
+            applied=False,
+        )
+
+    bounded = _bounds_rule(ctx)
+    if bounded is not None:
+        return bounded
+
+    health = _health(ctx)
+    if health is not None:
+        return health
+
+    obs_long, obs_guard = ctx.observed.window, ctx.observed.guard
+    ready_at = state.live_since + s.warmup_s  # type: ignore[operator]
+    guard_ready = ctx.now >= ready_at + s.guard_window_s
+    long_ready = ctx.now >= ready_at + s.window_s
+    flags = _metrics_flags(ctx)
+
+    # --- fast guards (short window; bypass the cooldown) ---
+    if state.enabled and guard_ready and obs_guard is not None:
+        guard_decision = _guards(ctx, obs_guard, flags)
+        if guard_decision is not None:
+            return guard_decision
+
+    if not long_ready:
+        left = ready_at + s.window_s - ctx.now
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
+            f"collecting the first full {fmt_s(s.window_s)} window of {label(ctx.current)} "
+            f"after its warm-up ({fmt_s(left)} left)",
+            metrics=flags,
+        )
+    if obs_long is None or obs_long.idle:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.IDLE,
+            f"no finished requests in the last {fmt_s(s.window_s)}: nothing to judge "
+            f"(idle is not a failure)",
+            metrics=flags,
+        )
+    est = ctx.estimate(obs_long)
+    samples = _samples_hold(ctx, est, 1.0, flags)
+    if samples is not None:
+        return samples
+
+    calibration, scale = ctx.calibrated(est)
+    ks = ctx.allowed()
+
+    # --- acceptance floor on the long window (the user's hard rule: no price check) ---
+    # Unless the short window, newer, shows acceptance confidently back above the floor:
+    # then the long window's low acceptance is the past, not the present.
+    if state.enabled and est.alpha_pooled is not None and est.alpha_stderr is not None:
+        upper = est.alpha_pooled + ctx.tuning.confidence_z * est.alpha_stderr
+        if upper < s.acceptance_floor and not _recovered(ctx, obs_guard):
+            preds = predict(calibration, est, ks, ctx.current, s)
+            target = OFF if s.allow_disable else s.min_k
+            if target != ctx.current:
+                reason = (
+                    f"alpha {est.alpha_pooled:.2f} < floor {s.acceptance_floor:.2f} over "
+                    f"{est.draft_tokens:.0f} drafted tokens ({fmt_s(s.window_s)} window); "
+                    f"predicted {summary(preds, (target, ctx.current))}"
+                )
+                return _change(ctx, target, Rule.FLOOR, reason, preds, flags, est, scale, guard=True)
+
+    if not state.enabled:
+        return _reprobe(ctx, est, flags)
+
+    return _tune(ctx, est, flags)
+
+
+# --- rules -----------------------------------------------------------------------------------
+
+
+def _recovered(ctx: _Context, obs_guard: Observation | None) -> bool:
+    """The short window's acceptance is confidently above the floor (with its own sample
+    minimums)."""
+    s = ctx.settings
+    if obs_guard is None or obs_guard.idle or not ctx.state.enabled:
+        return False
+    short = ctx.estimate(obs_guard)
+    if short.alpha_pooled is None or short.alpha_stderr is None:
+        return False
+    if short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
+        return False
+    return short.alpha_pooled - ctx.tuning.confidence_z * short.alpha_stderr > s.acceptance_floor
+
+
+def _bounds_rule(ctx: _Context) -> Decision | None:
+    """A current config outside the spec's bounds moves where `state.bounded` says (the one
+    rule the reconcile renders by too)."""
+    s, state = ctx.settings, ctx.state
+    target = bounded(ctx.current, s.min_k, s.max_k, s.allow_disable, s.configured_k)
+    if target == ctx.current:
+        return None
+    if ctx.current == OFF:
+        reason = f"speculation is off but allowDisable is false: enabling at K={target}"
+    else:
+        reason = f"K={state.k} is outside the spec's bounds [{s.min_k}, {s.max_k}]: moving to K={target}"
+    return _change(ctx, target, Rule.BOUNDS, reason, (), _metrics_flags(ctx), None, None, guard=True)
+
+
+def _metrics_flags(ctx: _Context) -> Condition:
+    """MetricsAvailable for the current observations."""
+    observed = ctx.observed
+    if not observed.available:
+        return Condition(False, observed.reason, observed.message)
+    obs = observed.guard or observed.window
+    if obs is None:
+        return Condition(True, constants.REASON_METRICS_OK, "no series yet for the current config")
+    stale = _stale(ctx, obs)
+    if stale is not None:
+        return Condition(False, constants.REASON_METRICS_STALE, stale)
+    return Condition(True, constants.REASON_METRICS_OK, f"newest sample {fmt_s(obs.staleness_s)} old")
+
+
+def _stale(ctx: _Context, obs: Observation) -> str | None:
+    limit = ctx.tuning.stale_after_scrapes * ctx.settings.scrape_interval_s
+    if obs.staleness_s is None:
+        return "no fresh sample of the current config (its pods are not scraped)"
+    if obs.staleness_s > limit:
+        return f"newest sample is {fmt_s(obs.staleness_s)} old (limit {fmt_s(limit)})"
+    return None
+
+
+def _health(ctx: _Context) -> Decision | None:
+    s, state, observed = ctx.settings, ctx.state, ctx.observed
+    flags = _metrics_flags(ctx)
+    if not observed.available:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.METRICS,
+            f"holding {label(ctx.current)}: metrics unavailable ({observed.message})",
+            metrics=flags,
+        )
+    if state.live_since is None:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.ROLLOUT,
+            f"rollout of {label(ctx.current)} in progress: waiting for every replica to be Ready",
+            metrics=flags,
+        )
+    ready_at = state.live_since + s.warmup_s
+    if ctx.now < ready_at:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
+            f"{label(ctx.current)} warming up ({fmt_s(ready_at - ctx.now)} left): its metrics "
+            "do not count yet",
+            metrics=flags,
+        )
+    if observed.window is None and observed.guard is None:
+        grace = ctx.tuning.missing_grace_scrapes * s.scrape_interval_s
+        if ctx.now >= ready_at + grace:
+            message = (
+                f"no series of the current config for {fmt_s(ctx.now - state.live_since)} "
+                "since it went live (is the PodMonitor scraping the pods? vllm:num_requests_running "
+                "or vllm_num_requests_running with labels specdecode_service and specdecode_config_hash)"
+            )
+            return _make(
+                ctx, Action.HOLD, state.k, Rule.METRICS,
+                f"holding {label(ctx.current)}: {message}",
+                metrics=Condition(False, constants.REASON_METRICS_MISSING, message),
+            )
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.WARMUP,
+            f"waiting for the first scrapes of {label(ctx.current)}", metrics=flags,
+        )
+    if not flags.status:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.METRICS,
+            f"holding {label(ctx.current)}: {flags.message}", metrics=flags,
+        )
+    return None
+
+
+def _samples_hold(
+    ctx: _Context, est: Estimate, fraction: float, flags: Condition
+) -> Decision | None:
+    """Hold when a window has too few requests or (speculation on) drafted tokens.
+
+    ``fraction`` scales the minimums for a window shorter than the tuning window.
+    """
+    s = ctx.settings
+    min_requests = max(3.0, s.min_requests * fraction)
+    min_drafts = max(50.0, s.min_drafts * fraction)
+    missing = []
+    if est.requests < min_requests:
+        missing.append(f"{est.requests:.0f} requests < {min_requests:.0f}")
+    if ctx.state.enabled and est.draft_tokens < min_drafts:
+        missing.append(f"{est.draft_tokens:.0f} drafted tokens < {min_drafts:.0f}")
+    if ctx.state.enabled and est.alpha is None and est.draft_tokens >= min_drafts:
+        missing.append("no per-position acceptance series")
+    if not missing:
+        return None
+    return _make(
+        ctx, Action.HOLD, ctx.state.k, Rule.SAMPLES,
+        f"not enough samples in {fmt_s(est.window_s)}: {', '.join(missing)}",
+        metrics=flags,
+    )
+
+
+def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]:
+    prior = ctx.settings.prior_params()
+    lo, hi = ctx.tuning.scale_bounds
+    measured = step_scale(prior, ctx.current, est)
+    scale_now = None if measured is None else min(hi, max(lo, measured))
+    base = scale_now if scale_now is not None else 1.0
+    if ctx.state.enabled:
+        on_scale = base
+        off_scale = ctx.memory.scale_off if ctx.memory.scale_off is not None else base
+    else:
+        off_scale = base
+        on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
+    decay = est.decay
+    kv = kv_scale(prior, ctx.current, est, ctx.tuning)
+    calibration = Calibration(
+        off=scaled_params(prior, off_scale, decay, kv),
+        on=scaled_params(prior, on_scale, decay, kv),
+        scale_now=scale_now,
+    )
+    return calibration, scale_now
+
+
+def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bool:
+    """Whether the short window differs from the long one beyond their noise (a change in
+    acceptance or load the long window has not caught up with)."""
+    if long_obs is None or long_obs.idle:
+        return True
+    long = ctx.estimate(long_obs)
+    z = ctx.tuning.confidence_z
+    if long.request_rate > 0:
+        rel = math.hypot(short.rate_rel_stderr, long.rate_rel_stderr)
+        if abs(short.request_rate / long.request_rate - 1.0) > z * rel:
+            return True
+    if short.alpha_pooled is not None and long.alpha_pooled is not None:
+        sigma = math.hypot(short.alpha_stderr or 0.0, long.alpha_stderr or 0.0)
+        if abs(short.alpha_pooled - long.alpha_pooled) > z * sigma:
+            return True
+    return False
+
+
+def _guards(ctx: _Context, obs: Observation, flags: Condition) -> Decision | None:
+    """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window)."""
+    s, t = ctx.settings, ctx.tuning
+    if obs.idle:
+        return None
+    est = ctx.estimate(obs)
+    fraction = s.guard_window_s / s.window_s
+    if _samples_hold(ctx, est, fraction, flags) is not None:
+        return None
+    current = ctx.current
+    lower = [k for k in ctx.allowed() if k < current]
+    if not lower:
+        return None
+
+    breaches = []
+    if s.slo_e2e_s is not None and est.e2e_p95_s is not None and est.e2e_p95_s > s.slo_e2e_s:
+        breaches.append(f"P95 e2e {fmt_s(est.e2e_p95_s)} > SLO {fmt_s(s.slo_e2e_s)}")
+    if s.slo_tpot_s is not None and est.tpot_p95_s is not None and est.tpot_p95_s > s.slo_tpot_s:
+        breaches.append(f"P95 TPOT {fmt_s(est.tpot_p95_s)} > SLO {fmt_s(s.slo_tpot_s)}")
+    below_floor = (
+        est.alpha_pooled is not None
+        and est.alpha_stderr is not None
+        and est.alpha_pooled + t.confidence_z * est.alpha_stderr < s.acceptance_floor
+    )
+    live = ctx.state.live_since or 0.0
+    long_ready = ctx.now >= live + s.warmup_s + s.window_s
+    # The fast fallback looks for what the long window cannot see yet: a probe on trial, a
+    # config too young for a full window, or a shift of acceptance or load.
+    fast = ctx.in_probe_trial or not long_ready or _shifted(ctx, est, ctx.observed.window)
+    if not (breaches or below_floor or fast):
+        return None
+
+    calibration, scale = ctx.calibrated(est)
+    preds = predict(calibration, est, lower + [current], current, s)
+    cur = preds[current]
+    window = fmt_s(s.guard_window_s)
+
+    # SLO guard.
+    if breaches:
+        meeting = [k for k in lower if _meets_slo(s, est, cur, preds[k])]
+        better = [k for k in meeting if preds[k].score >= cur.score * (1 + t.slo_guard_margin)]
+        if better:
+            target = max(better, key=lambda k: (preds[k].score, k))
+            reason = (
+                f"{'; '.join(breaches)} over {est.requests:.0f} requests ({window} window) and "
+                f"speculation is the likely cause: predicted {summary(preds, (target, current))}"
+                f", {label(target)} P95 e2e {fmt_s(_corrected(est.e2e_p95_s, cur.e2e_p95_s, preds[target].e2e_p95_s))}"
+            )
+            decision = _change(ctx, target, Rule.SLO_GUARD, reason, preds, flags, est, scale, guard=True)
+            if decision.changes or decision.rule is not Rule.SLO_GUARD:
+                return decision
+
+    # Acceptance collapse: confidently below the floor, and the model agrees.
+    if below_floor and est.alpha_pooled is not None:
+        target = OFF if s.allow_disable else s.min_k
+        if target in preds and target != current:
+            if preds[target].score > cur.score:
+                reason = (
+                    f"alpha {est.alpha_pooled:.2f} < floor {s.acceptance_floor:.2f} over "
+                    f"{est.draft_tokens:.0f} drafted tokens ({window} window); predicted "
+                    f"{summary(preds, (target, current))}"
+                )
+                decision = _change(ctx, target, Rule.COLLAPSE, reason, preds, flags, est, scale, guard=True)
+                # A collapse held back (the change budget) does not end the evaluation:
+                # the later rules, the floor on the long window among them, still run.
+                if decision.changes:
+                    return decision
+
+    # Fast fallback, or abandoning a re-probe that does not pay.
+    if not fast:
+        return None
+    probing = ctx.in_probe_trial
+    margin = t.probe_abandon_margin if probing else t.fast_fallback_margin
+    target = max(lower, key=lambda k: (preds[k].score, -k))
+    if preds[target].score >= cur.score * (1 + margin) and _robust(
+        ctx, calibration, est, current, target, margin=0.0
+    ):
+        rule = Rule.PROBE_ABANDON if probing else Rule.FAST_FALLBACK
+        what = "re-probe does not pay" if probing else "speculation hurts at this load"
+        reason = (
+            f"{what}: predicted {summary(preds, (target, current))} at "
+            f"{est.request_rate:.2f} req/s, alpha {fmt_alpha(est)} ({window} window)"
+        )
+        return _change(ctx, target, rule, reason, preds, flags, est, scale, guard=True)
+    return None
+
+
+def _corrected(observed: float | None, predicted_current: float, predicted_other: float) -> float:
+    """The other config's P95 scaled by how far the model is from the observed P95."""
+    if observed is None or not math.isfinite(predicted_current) or predicted_current <= 0:
+        return predicted_other
+    return predicted_other * observed / predicted_current
+
+
+def _meets_slo(
+    s: PolicySettings, est: Estimate, cur: ConfigPrediction, other: ConfigPrediction
+) -> bool:
+    if s.slo_e2e_s is not None:
+        if _corrected(est.e2e_p95_s, cur.e2e_p95_s, other.e2e_p95_s) > s.slo_e2e_s:
+            return False
+    if s.slo_tpot_s is not None:
+        if _corrected(est.tpot_p95_s, cur.tpot_p95_s, other.tpot_p95_s) > s.slo_tpot_s:
+            return False
+    return True
+
+
+def _robust(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    current: int,
+    candidate: int,
+    margin: float,
+) -> bool:
+    """The candidate scores at least (1 + margin) x the current one at every corner of the
+    confidence box: alpha +- z*sigma and request rate x (1 +- z*rel)."""
+    t = ctx.tuning
+    alphas = [est.alpha]
+    if est.alpha is not None and est.alpha_stderr is not None:
+        dz = t.confidence_z * est.alpha_stderr
+        alphas = [max(0.0, est.alpha - dz), min(0.999, est.alpha + dz)]
+    rel = min(0.9, t.confidence_z * est.rate_rel_stderr)
+    for alpha in alphas:
+        for factor in (1.0 - rel, 1.0 + rel):
+            preds = predict(
+                calibration, est, (current, candidate), current, ctx.settings, alpha, factor
+            )
+            if preds[candidate].score < preds[current].score * (1 + margin):
+                return False
+    return True
+
+
+def _reversion_loss(
+    ctx: _Context, calibration: Calibration, est: Estimate, current: int, candidate: int
+) -> float | None:
+    """The recent low acceptance, when a move to ``candidate`` would lose on average over
+    the two futures, acceptance as measured now or back at that low (equally likely); None
+    when the move survives it or acceptance has not been lower lately. Bursty acceptance
+    (n-gram on changing traffic) otherwise lures the policy into a K that pays only while
+    the burst lasts, and every change back costs another restart."""
+    low = ctx.state.recent_low_alpha
+    if low is None or est.alpha is None or low >= est.alpha - ctx.tuning.reversion_min_drop:
+        return None
+    s = ctx.settings
+    now_preds = predict(calibration, est, (current, candidate), current, s)
+    low_preds = predict(calibration, est, (current, candidate), current, s, low)
+    stay = now_preds[current].score + low_preds[current].score
+    move = now_preds[candidate].score + low_preds[candidate].score
+    return low if move < stay else None
+
+
+def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    calibration, scale = ctx.calibrated(est)
+    s, t, memory = ctx.settings, ctx.tuning, ctx.memory
+    # The first failed probe may have met the tail of a dip: only repeated failures back off.
+    # A draft never seen above the floor counts as one failure already (probing it is a
+    # long shot); one seen paying before gets the plain interval.
+    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
+    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
+    backoff = min(t.reprobe_backoff_max, 2**exponent)
+    interval = s.reprobe_interval_s * backoff
+    off_since = ctx.state.since
+    remembered = memory.best_alpha
+    alpha = max(remembered or 0.0, t.default_probe_alpha)
+    ks = [k for k in ctx.allowed() if k != OFF]
+    preds = predict(calibration, est, ks + [OFF], OFF, s, alpha=alpha)
+    best = max(ks, key=lambda k: (preds[k].score, -k)) if ks else None
+    wait = off_since + interval - ctx.now
+    if wait > 0:
+        extra = ""
+        if backoff > 1:
+            never = ", acceptance never seen above the floor" if never_good else ""
+            extra = f" (x{backoff} after {memory.failed_probes} failed probes{never})"
+        return _make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in "
+            f"{fmt_s(wait)}{extra}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if best is None:
+        return _make(ctx, Action.HOLD, None, Rule.HOLD, "no speculative config is allowed",
+                     metrics=flags, predictions=preds, est=est, scale=scale)
+    if preds[best].score < preds[OFF].score * (1 + s.tuning.min_gain):
+        return _make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"re-probe due, but even at alpha {alpha:.2f} speculation would not pay at "
+            f"{est.request_rate:.2f} req/s: predicted {summary(preds, (best, OFF))}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    conservative = max(0.0, alpha - t.probe_alpha_discount)
+    probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
+    probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
+    _, high = _window_rates(ctx, est)
+    rollout_capacity = rollout_capacity_of(calibration, est, (OFF, probe_k), s, alpha)
+    if rollout_capacity is not None and high >= t.restart_max_rollout_load * rollout_capacity:
+        return _make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"re-probe due, but at {high:.2f} req/s a probe's restarts (two if it fails) "
+            f"would load the replicas left serving to {high / rollout_capacity:.0%} of the "
+            f"{rollout_capacity:.1f} req/s they carry: waiting for a lower load",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    locked = _locked_in(ctx, calibration, est, preds, probe_k, high, alpha)
+    if locked is not None:
+        return _make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"re-probe due, but at {high:.2f} req/s {label(probe_k)} would be locked in (a "
+            f"restart needs the load below {locked.rollout_capacity_rps:.1f} req/s, and at its "
+            f"capacity {label(locked.target)} would be {fmt_pct(locked.benefit)} faster): "
+            "staying off",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if remembered is not None and remembered >= t.default_probe_alpha:
+        source = f"remembered alpha {remembered:.2f}"
+    else:
+        source = f"assumed alpha {alpha:.2f}"
+    reason = (
+        f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
+        f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
+    )
+    return _change(ctx, probe_k, Rule.REPROBE, reason, preds, flags, est, scale, guard=False, alpha=alpha)
+
+
+def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
+    """(confident, highest) request rate: the lower of the long window's lower confidence
+    bound and the short window's rate (a hedge needs the load confidently high and not
+    falling), and the higher of both windows' rates (the hedge's release needs both low).
+    The short window counts when it has enough requests."""
+    lower_bound = est.request_rate * max(0.0, 1.0 - ctx.tuning.confidence_z * est.rate_rel_stderr)
+    low, high = lower_bound, est.request_rate
+    guard = ctx.observed.guard
+    if guard is not None and not guard.idle:
+        fraction = ctx.settings.guard_window_s / ctx.settings.window_s
+        if guard.requests >= max(3.0, ctx.settings.min_requests * fraction):
+            low, high = min(low, guard.request_rate), max(high, guard.request_rate)
+    return low, high
+
+
+def _locked_in(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    preds: Mapping[int, ConfigPrediction],
+    k: int,
+    rate: float,
+    alpha: float | None = None,
+) -> HedgeOutlook | None:
+    """The hedge that would send ``k`` back at once, if moving to ``k`` (less capacity than
+    the current config) would walk into the hedge zone (with the release threshold)."""
+    current = ctx.current
+    if k == current or not preds[k].capacity_rps < preds[current].capacity_rps:
+        return None
+    return best_hedge(
+        calibration, est, k, preds, ctx.settings, rate, ctx.tuning.hedge_release, alpha=alpha
+    )
+
+
+def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    calibration, scale = ctx.calibrated(est)
+    s, t = ctx.settings, ctx.tuning
+    current = ctx.current
+    preds = predict(calibration, est, ctx.allowed(), current, s)
+    cur = preds[current]
+    context = (
+        f"at {est.request_rate:.2f} req/s (batch {est.batch_per_replica or 0:.0f}/replica), "
+        f"alpha {fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
+    )
+    low, high = _window_rates(ctx, est)
+    hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
+    if hedge is not None:
+        reason = f"capacity hedge: {describe_hedge(hedge, low)}"
+        return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
+    # The best config that does not walk into the hedge zone (checked lazily, best first).
+    ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
+    wanted, locked = ranked[0], None
+    best = wanted
+    for k in ranked:
+        hedge_back = _locked_in(ctx, calibration, est, preds, k, high)
+        if hedge_back is None:
+            best = k
+            break
+        if locked is None:
+            locked = hedge_back
+    best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
+    if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
+        h = locked
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+            f"{label(wanted)} predicted {fmt_x(preds[wanted].speedup)}, but at "
+            f"{high:.2f} req/s it would be locked in (a restart needs the load below "
+            f"{h.rollout_capacity_rps:.1f} req/s, and at its capacity {label(h.target)} "
+            f"would be {fmt_pct(h.benefit)} faster); keeping {label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if best == current or preds[best].score < cur.score * (1 + t.min_gain):
+        runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
+        comparison = summary(preds, (current, runner) if runner is not None else (current,))
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if not _robust(ctx, calibration, est, current, best, margin=0.0):
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+            f"{label(best)} predicted {fmt_x(preds[best].speedup)} but not at every corner of "
+            f"the confidence box; keeping {label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    low = _reversion_loss(ctx, calibration, est, current, best)
+    if low is not None:
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+            f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance was "
+            f"{low:.2f} within the last hour and, should it return there, {label(best)} "
+            f"loses more than it gains now; keeping {label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    reason = f"predicted {summary(preds, (best, current))} {context}"
+    return _change(ctx, best, Rule.TUNE, reason, preds, flags, est, scale, guard=False)
+
+
+# --- assembling decisions ------------------------------------------------------------------
+
+
+def _change(
+    ctx: _Context,
+    target: int,
+    rule: Rule,
+    reason: str,
+    preds: Mapping[int, ConfigPrediction] | Sequence[ConfigPrediction],
+    flags: Condition,
+    est: Estimate | None,
+    scale: float | None,
+    *,
+    guard: bool,
+    alpha: float | None = None,
+) -> Decision:
+    """A change to ``target``, unless the restart price, cooldown or budget forbids it.
+
+    ``alpha`` is the acceptance the predictions assumed (a re-probe's), default the estimate's.
+    """
+    s, t, memory = ctx.settings, ctx.tuning, ctx.memory
+    current = ctx.current
+    pred_map = dict(preds) if isinstance(preds, Mapping) else {p.k: p for p in preds}
+    keep = ctx.state.k
+
+    # The acceptance floor pays no price, with one exception: a rollout that would overload
+    # the replicas left serving and that does not repay itself. Low acceptance costs some
+    # speed; minutes of a queue on one replica cost every request of those minutes. The floor
+    # then waits for the load to allow a restart.
+    if rule in FLOOR_RULES and est is not None:
+        calibration, _ = ctx.calibrated(est)
+        _, high = _window_rates(ctx, est)
+        capacity = rollout_capacity_of(calibration, est, (current, target), s)
+        if capacity is not None and high >= t.restart_max_rollout_load * capacity:
+            outlook = switch_outlook(
+                calibration, est, current, target, s, horizon_s=t.guard_payback_horizon_s
+            )
+            if not outlook.pays(t.min_switch_saving):
+                held = (
+                    f"would move to {label(target)} ({reason}), but at {high:.2f} req/s the "
+                    f"rollout would load the replicas left serving to {high / capacity:.0%} of "
+                    f"the {capacity:.1f} req/s they carry and not repay itself within "
+                    f"{fmt_s(t.guard_payback_horizon_s)}: holding until the load allows a "
+                    "restart"
+                )
+                decision = _make(
+                    ctx, Action.HOLD, keep, rule, held,
+                    metrics=flags, predictions=pred_map, est=est, scale=scale,
+                )
+                # Speculation below the user's floor is not effective, whatever the model
+                # says of K vs off: the condition says so, and why nothing changes.
+                return replace(
+                    decision,
+                    held=Held.OVERLOAD,
+                    wanted=rule,
+                    speculation_effective=False,
+                    effective_reason=constants.REASON_ACCEPTANCE_BELOW_FLOOR,
+                    effective_message=held,
+                )
+
+    # Price: switching now, restart included, must beat staying over the payback horizon.
+    # Exempt: bounds fixes (the spec demands them), the acceptance floor on either window
+    # (the user's hard rule, rules "floor" and "collapse", held back only by an overloading
+    # rollout, above) and hedges (priced by hedge_outlook against a rising load).
+    if (
+        rule not in FLOOR_RULES | {Rule.BOUNDS, Rule.HEDGE}
+        and est is not None
+        and current in pred_map
+        and target in pred_map
+    ):
+        calibration, _ = ctx.calibrated(est)
+        horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
+        outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
+        if not outlook.pays(t.min_switch_saving):
+            held = _make(
+                ctx, Action.HOLD, keep, rule,
+                f"would move to {label(target)} ({reason}), but over "
+                f"{fmt_s(horizon)} the restart ({fmt_s(outlook.rollout_s)}) makes "
+                f"it {fmt_pct(-outlook.saving)} slower than staying",
+                metrics=flags, predictions=pred_map, est=est, scale=scale,
+            )
+            return replace(held, held=Held.PRICE, wanted=rule)
+        reason = (
+            f"{reason}; switching saves {fmt_pct(outlook.saving)} of latency over "
+            f"{fmt_s(horizon)}, restart included"
+        )
+
+    if ctx.acting and rule is not Rule.BOUNDS:
+        if not guard and memory.last_change_at is not None:
+            cooldown_left = memory.last_change_at + s.cooldown_s - ctx.now
+            if cooldown_left > 0:
+                return replace(_make(
+                    ctx, Action.HOLD, keep, Rule.COOLDOWN,
+                    f"would move to {label(target)} ({reason}), but the cooldown has "
+                    f"{fmt_s(cooldown_left)} left",
+                    metrics=flags, predictions=pred_map, est=est, scale=scale,
+                ), held=Held.COOLDOWN, wanted=rule)
+        budget = s.max_changes_per_hour
+        if not guard:
+            budget = max(0, budget - t.reserved_guard_changes) if budget > 1 else budget
+        if memory.changes_last_hour >= budget:
+            return replace(_make(
+                ctx, Action.HOLD, keep, Rule.BUDGET,
+                f"would move to {label(target)} ({reason}), but {memory.changes_last_hour} "
+                f"changes in the last hour reach the budget of {budget}",
+                metrics=flags, predictions=pred_map, est=est, scale=scale,
+            ), held=Held.BUDGET, wanted=rule)
+
+    if target == OFF:
+        action = Action.DISABLE
+    elif current == OFF:
+        action = Action.ENABLE
+    else:
+        action = Action.SET_K
+    return _make(
+        ctx, action, target if target != OFF else None, rule, reason,
+        metrics=flags, predictions=pred_map, est=est, scale=scale, enabled=target != OFF,
+        applied=ctx.acting,
+    )
+
+
+def _make(
+    ctx: _Context,
+    action: Action,
+    k: int | None,
+    rule: Rule,
+    reason: str,
+    *,
+    metrics: Condition,
+    predictions: Mapping[int, ConfigPrediction] | None = None,
+    est: Estimate | None = None,
+    scale: float | None = None,
+    enabled: bool | None = None,
+    applied: bool | None = None,
+) -> Decision:
+    if enabled is None:
+        enabled = ctx.state.enabled if action is Action.HOLD else k is not None
+    if ctx.settings.mode is AutotuneMode.OFF:
+        enabled = True
+    if not enabled:
+        k = None
+    preds = dict(predictions or {})
+    effective = _effectiveness(ctx, preds, est)
+    if applied is None:
+        applied = ctx.acting and action is not Action.HOLD
+    return Decision(
+        action=action,
+        enabled=enabled,
+        k=k,
+        reason=reason,
+        rule=rule,
+        applied=applied,
+        metrics_available=bool(metrics.status),
+        metrics_reason=metrics.reason,
+        metrics_message=metrics.message,
+        speculation_effective=effective.status,
+        effective_reason=effective.reason,
+        effective_message=effective.message,
+        predictions=tuple(preds[k2] for k2 in sorted(preds)),
+        alpha=_best_alpha(ctx, est),
+        step_scale=scale,
+    )
+
+
+def _best_alpha(ctx: _Context, est: Estimate | None) -> float | None:
+    """The larger of the estimate's acceptance and the long window's: a collapse seen on the
+    short window must not erase the memory that the draft paid until just now."""
+    values = []
+    if est is not None and est.alpha_pooled is not None:
+        values.append(est.alpha_pooled)
+    window = ctx.observed.window
+    if window is not None and window.speculation is not None and window.speculation.alpha is not None:
+        values.append(window.speculation.alpha)
+    if ctx.state.enabled and ctx.state.last_alpha is not None:
+        values.append(ctx.state.last_alpha)
+    return max(values) if values else None
+
+
+def _effectiveness(
+    ctx: _Context, preds: Mapping[int, ConfigPrediction], est: Estimate | None
+) -> Condition:
+    """SpeculationEffective: on and predicted at least as fast as off."""
+    state = ctx.state
+    if ctx.settings.mode is AutotuneMode.OFF:
+        return Condition(None, constants.REASON_DISABLED_BY_USER, "autotune is Off: not evaluated")
+    if not state.enabled:
+        return Condition(False, constants.REASON_SPECULATION_OFF, "speculation is off")
+    current = ctx.current
+    if OFF not in preds or current not in preds or est is None:
+        return Condition(None, constants.REASON_NOT_ENOUGH_SAMPLES, "not evaluated yet")
+    vs_off = preds[OFF].e2e_mean_s / preds[current].e2e_mean_s if math.isfinite(
+        preds[current].e2e_mean_s
+    ) else 0.0
+    acceptance = f"alpha {fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
+    message = (
+        f"{label(current)}: {acceptance}; predicted {fmt_x(vs_off)} vs off at "
+        f"{est.request_rate:.2f} req/s"
+    )
+    if vs_off >= 1.0:
+        return Condition(True, constants.REASON_SPECULATION_ON, message)
+    return Condition(False, constants.REASON_SPECULATION_OFF, message)

@@ -1,0 +1,199 @@
+"""The policy's inputs from the user's intent: `PolicySettings` (the spec in seconds and
+floats) and `PolicyTuning` (internal constants, each with its reason)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specdecode.control import perfmodel
+from specdecode.api import AutotuneMode
+from specdecode.control.perfmodel import OFF, EngineParams
+
+
+@dataclass(frozen=True)
+class PolicyTuning:
+    """Internal constants of the policy (not API fields); each documented with its reason."""
+
+    min_gain: float = 0.05
+    """Hysteresis: a tuning move needs a predicted score at least 5% above the current one."""
+    slo_guard_margin: float = 0.03
+    """The SLO guard's fallback must score at least 3% better (it must also meet the SLO)."""
+    fast_fallback_margin: float = 0.25
+    """On the short window, reduce speculation at once only for a large predicted gain."""
+    probe_abandon_margin: float = 0.02
+    """A re-probe that does not pay is abandoned on its first short window."""
+    confidence_z: float = 2.0
+    """Width of the confidence box, in standard errors."""
+    overdispersion: float = 4.0
+    """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
+    payback_horizon_s: float = 3600.0
+    """A change decided on the long window must repay its restart price within this time
+    (the conditions of a full window are assumed to last about an hour)."""
+    guard_payback_horizon_s: float = 1800.0
+    """The same for a change decided on the short window (SLO guard, fast fallback, probe
+    abandonment): 75 seconds of evidence are trusted for a shorter future."""
+    min_switch_saving: float = 0.01
+    """Switching (restart included) must save at least 1% of latency over the horizon."""
+    prediction_horizon_s: float = perfmodel.DEFAULT_HORIZON_S
+    """Phase length the performance model evaluates each config over (queue growth counts)."""
+    stale_after_scrapes: float = 4.0
+    """Newest sample older than this many scrape intervals: metrics are stale."""
+    missing_grace_scrapes: float = 3.0
+    """A live config without series after this many scrapes past its warm-up: missing."""
+    reprobe_backoff_max: int = 8
+    """The re-probe interval doubles after each failed probe from the second on, up to this
+    factor."""
+    default_probe_alpha: float = 0.6
+    """Acceptance assumed for a re-probe when history remembers no better one."""
+    probe_alpha_discount: float = 0.05
+    """A probe's K is the best K for the remembered acceptance minus this (conservative)."""
+    min_position_trials: float = 200.0
+    """Per-position rates with fewer trials are left out of the decay fit."""
+    decay_bounds: tuple[float, float] = (0.5, 1.0)
+    """Clamp of the fitted acceptance decay over positions."""
+    scale_bounds: tuple[float, float] = (0.2, 5.0)
+    """Clamp of the measured/prior step-time scale (outside: the prior is badly off)."""
+    min_kv_usage: float = 0.02
+    """KV usage below which the gauge is too small a signal to calibrate the KV memory."""
+    kv_scale_bounds: tuple[float, float] = (0.1, 2.0)
+    """Clamp of the measured/prior KV memory."""
+    reserved_guard_changes: int = 1
+    """Changes per hour kept for fallbacks: tuning moves stop one short of the budget."""
+    hedge_zone: float = 0.8
+    """Capacity hedge (maxSurge 0): considered once the long window's request rate, at its
+    lower confidence bound, and the short window's reach this fraction of what the replicas
+    left serving during a rollout carry. A rise of a quarter more makes every restart an
+    overload: the running config is locked in."""
+    hedge_release: float = 0.7
+    """Hysteresis of the hedge: a move to a config with less capacity is refused while the
+    load on either window is above this fraction of the rollout's capacity and the hedge
+    would send it back (so a hedge is not undone while the load is still near the zone)."""
+    hedge_min_capacity_gain: float = 0.1
+    """A hedge moves to a config with at least 10% more capacity than the current one."""
+    hedge_overload: float = 1.05
+    """The future the hedge insures against: the load rising to this multiple of the current
+    config's capacity (where it is locked in and its queue grows)."""
+    hedge_min_benefit: float = 0.25
+    """A hedge must be at least 25% faster than the current config in that future."""
+    restart_max_rollout_load: float = 0.8
+    """With maxSurge 0, a restart is affordable only while the load is below this fraction of
+    what the replicas left serving during the rollout carry: nearer that capacity each round
+    builds a queue that takes minutes to drain. A re-probe (which costs two restarts if it
+    fails) and the acceptance floor wait above it."""
+    reversion_min_drop: float = 0.1
+    """Tuning moves are checked against the recent low acceptance (`recent_low_alpha`) when
+    it lies at least this far below today's estimate (smaller dips are noise)."""
+    hedge_rise_prior: float = 0.5
+    """Assumed chance that a load in the zone keeps rising to that future: a hedge is taken
+    when prior x the mean e2e it saves there exceeds (1 - prior) x the mean e2e it costs at
+    today's load over the payback horizon, restart included (seconds against seconds: the
+    time-averaged latency users see)."""
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The user's intent (spec) in the policy's units: seconds, floats, a prior cost model."""
+
+    mode: AutotuneMode = AutotuneMode.AUTO
+    method: str = "draft_model"
+    configured_k: int = 3
+    """spec.speculation.numSpeculativeTokens: what Off mode runs."""
+    min_k: int = 1
+    max_k: int = 8
+    allow_disable: bool = True
+    evaluation_interval_s: float = 60.0
+    window_s: float = 300.0
+    guard_window_s: float = 75.0
+    """The short window of the fast guards (`metrics.guard_window`)."""
+    warmup_s: float = 120.0
+    min_drafts: int = 2000
+    """Drafted tokens the long window needs (scaled down for the guard window)."""
+    min_requests: int = 20
+    acceptance_floor: float = 0.35
+    slo_e2e_s: float | None = None
+    slo_tpot_s: float | None = None
+    cooldown_s: float = 600.0
+    max_changes_per_hour: int = 4
+    reprobe_interval_s: float = 1800.0
+    replicas: int = 1
+    max_surge: int = 0
+    max_unavailable: int = 1
+    restart_s: float = 180.0
+    """Time a restarted replica serves nothing (model load): the restart price's duration."""
+    scrape_interval_s: float = 15.0
+    prior: EngineParams | None = None
+    """Prior costs of the engine; default: `EngineParams.for_method(method)`."""
+    tuning: PolicyTuning = field(default_factory=PolicyTuning)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_k <= self.max_k:
+            raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}..{self.max_k}")
+        for name in ("window_s", "guard_window_s", "evaluation_interval_s", "scrape_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def configs(self) -> tuple[int, ...]:
+        """Configs the policy may choose: off (when allowed) then minK..maxK."""
+        ks = tuple(range(self.min_k, self.max_k + 1))
+        return ((OFF,) + ks) if self.allow_disable else ks
+
+    def prior_params(self) -> EngineParams:
+        """The prior cost model within the spec's bounds (unknown methods: a draft model's)."""
+        if self.prior is not None:
+            base = self.prior
+        elif self.method in perfmodel.METHODS:
+            base = EngineParams.for_method(self.method)
+        else:
+            base = EngineParams.for_method("draft_model")
+        return replace(base, min_k=self.min_k, max_k=self.max_k, replicas=max(1, self.replicas))
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: Any,
+        *,
+        restart_s: float = 180.0,
+        prior: EngineParams | None = None,
+        tuning: PolicyTuning | None = None,
+    ) -> "PolicySettings":
+        """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
+        from specdecode import api
+        from specdecode.control import metrics
+
+        auto, spec_k = spec.autotune, spec.speculation
+        window = api.parse_duration(auto.window)
+        scrape = api.parse_duration(spec.metrics.scrape_interval)
+        method = spec_k.method.value if hasattr(spec_k.method, "value") else str(spec_k.method)
+        slo = auto.slo
+        return cls(
+            mode=AutotuneMode(auto.mode),
+            method=method,
+            configured_k=spec_k.num_speculative_tokens,
+            min_k=spec_k.min_k,
+            max_k=spec_k.max_k,
+            allow_disable=spec_k.allow_disable,
+            evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
+            window_s=window,
+            guard_window_s=metrics.guard_window(window, scrape),
+            warmup_s=api.parse_duration(auto.warmup),
+            min_drafts=auto.min_drafts,
+            min_requests=auto.min_requests,
+            acceptance_floor=auto.acceptance_floor,
+            slo_e2e_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
+            slo_tpot_s=(
+                api.parse_duration(slo.p95_time_per_output_token)
+                if slo.p95_time_per_output_token
+                else None
+            ),
+            cooldown_s=api.parse_duration(auto.cooldown),
+            max_changes_per_hour=auto.max_changes_per_hour,
+            reprobe_interval_s=api.parse_duration(auto.reprobe_interval),
+            replicas=spec.replicas,
+            max_surge=spec.rollout.max_surge,
+            max_unavailable=spec.rollout.max_unavailable,
+            restart_s=restart_s,
+            scrape_interval_s=scrape,
+            prior=prior,
+            tuning=tuning or PolicyTuning(),
+        )

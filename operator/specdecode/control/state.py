@@ -1,0 +1,254 @@
+"""The control loop's state, and its conversion from and to the status (pure).
+
+`ControlState` is one frozen value: the effective choice (speculation on or off, K) and its
+cause, when it was chosen and went live, the acceptance memory, the last observation time,
+the decision history and the configs that could not start. The status is its only store:
+`from_status` reads it, `to_status` writes it back, so an operator restarted between two
+evaluations decides exactly as the old one would have (`specdecode.control.step`).
+
+K is derived here and nowhere else (`bounded`, `choose`; the declared K is
+`render.initial_choice`): the reconcile renders what
+`choose` says, the policy moves a state outside the bounds to what `bounded` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Optional
+
+from specdecode import api, timestamps
+from specdecode.control.decision import Action
+from specdecode.control.memory import HistoryEntry, history_from_status
+from specdecode.control.perfmodel import OFF
+from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
+
+
+class Cause(StrEnum):
+    """Why the effective speculation is what it is (status.speculation.cause)."""
+
+    DECLARED = "Declared"
+    """The spec's numSpeculativeTokens: a new service, or a new declaration."""
+    AUTOTUNE_OFF = "AutotuneOff"
+    """autotune.mode Off runs the declared K."""
+    POLICY = "Policy"
+    """A decision of the control loop (the rule is in status.history)."""
+    BOUNDS = "Bounds"
+    """Moved into the spec's bounds (K outside minK..maxK, or off while allowDisable is false)."""
+    STARTUP_FAILURE = "StartupFailure"
+    """Turned off because the pods of the speculative config could not start."""
+    DRAFT_INCOMPATIBLE = "DraftIncompatible"
+    """Turned off because the draft preflight found the draft incompatible."""
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """What the control loop knows between two evaluations (all of it from status)."""
+
+    enabled: bool
+    k: int | None
+    """K in use; None when speculation is off."""
+    since: float
+    """When the current config was chosen (status.speculation.since), seconds since epoch."""
+    live_since: float | None
+    """When every replica ran the current config and was Ready; None while rolling out."""
+    ready_replicas: int = 1
+    excluded_ks: frozenset[int] = frozenset()
+    """Configs whose pods failed to start (status.failedConfigs): never chosen again."""
+    last_alpha: float | None = None
+    """status.observations.alpha as the previous evaluation left it (kept through outages):
+    the memory of how the current config did before this evaluation."""
+    recent_low_alpha: float | None = None
+    """status.observations.recentLowAlpha: the lowest acceptance of the evaluations of about
+    the last hour (`memory.recent_low_alpha`), whatever config measured it. Acceptance that
+    fell this low lately can fall this low again: tuning moves are priced against it too."""
+    observed_at: float | None = None
+    """status.observations.observedAt: when the acceptance memory was last updated."""
+    cause: Cause = Cause.POLICY
+    config_hash: str | None = None
+    """The rendered engine config of the current choice (None until the reconcile renders it)."""
+    history: tuple[HistoryEntry, ...] = ()
+    """status.history, oldest first."""
+    advice: tuple[Action, bool, int | None] | None = None
+    """status.recommendation's (action, enabled, K): the advice last given."""
+
+    @property
+    def config(self) -> int:
+        """The current config as perfmodel counts it: 0 off, else K."""
+        return self.k if (self.enabled and self.k) else OFF
+
+
+# --------------------------------------------------------------------------------------------
+# K: one derivation, one bounds rule
+# --------------------------------------------------------------------------------------------
+
+
+def bounded(config: int, min_k: int, max_k: int, allow_disable: bool, declared_k: int) -> int:
+    """``config`` moved into the spec's bounds: K is clamped into [minK, maxK]; speculation
+    off while allowDisable is false turns on at the declared K clamped into the bounds (what
+    a new service starts with; minK would second-guess the user's declaration)."""
+    if config == OFF:
+        return OFF if allow_disable else min(max_k, max(min_k, declared_k))
+    return min(max_k, max(min_k, config))
+
+
+def declared_speculation_hash(spec: api.SpecDecodeServiceSpec) -> str:
+    """What the user declared about speculation, bounds aside: when it changes, the operator
+    starts again from the declared K instead of its own earlier choice."""
+    s = spec.speculation
+    return stable_hash([s.method.value, s.draft_model, s.draft_revision, s.num_speculative_tokens], length=8)
+
+
+def choose(
+    spec: api.SpecDecodeServiceSpec, status: Optional[api.SpecDecodeServiceStatus]
+) -> tuple[SpeculationChoice, Cause, str]:
+    """The speculation to run now, its cause and why, from the spec and the operator's
+    earlier choice. Off mode runs what is declared. Otherwise the earlier choice stands
+    (moved into new bounds by `bounded`) unless the user changed what they declared."""
+    s = spec.speculation
+    if spec.autotune.mode == api.AutotuneMode.OFF:
+        return initial_choice(spec), Cause.AUTOTUNE_OFF, "autotune is Off: running the declared K"
+    earlier = status.speculation if status else None
+    if earlier is None or earlier.spec_hash != declared_speculation_hash(spec):
+        return initial_choice(spec), Cause.DECLARED, "declared in spec"
+    k = earlier.k if earlier.k is not None else s.num_speculative_tokens
+    config = k if earlier.enabled else OFF
+    moved = bounded(config, s.min_k, s.max_k, s.allow_disable, s.num_speculative_tokens)
+    choice = SpeculationChoice(k=moved or None)
+    if moved != config:
+        if config == OFF:
+            return choice, Cause.BOUNDS, f"speculation may not be turned off (allowDisable: false): K={moved}"
+        return choice, Cause.BOUNDS, f"K {k} moved into the new bounds [{s.min_k}, {s.max_k}]"
+    default = "chosen by the operator" if earlier.enabled else "turned off by the operator"
+    return choice, cause_of(earlier), earlier.reason or default
+
+
+def cause_of(effective: Optional[api.EffectiveSpeculation]) -> Cause:
+    """The typed cause of status.speculation (a status written before causes: Policy)."""
+    if effective is None or not effective.cause:
+        return Cause.POLICY
+    try:
+        return Cause(effective.cause)
+    except ValueError:
+        return Cause.POLICY
+
+
+# --------------------------------------------------------------------------------------------
+# status -> state -> status
+# --------------------------------------------------------------------------------------------
+
+
+def _epoch(text: Optional[str]) -> Optional[float]:
+    return timestamps.epoch_seconds(text) if text else None
+
+
+def active_failures(
+    status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, generation: Optional[int], now: datetime
+) -> list[api.FailedConfig]:
+    """Failed configs still remembered: same spec generation, and for unclassified causes
+    within the retry back-off."""
+    retry_s = api.parse_duration(spec.autotune.startup_failure_retry)
+    keep = []
+    for failed in status.failed_configs:
+        if failed.spec_generation != generation:
+            continue  # the spec changed: the user may have fixed it
+        if not failed.classified and (now - timestamps.parse_rfc3339(failed.at)).total_seconds() >= retry_s:
+            continue
+        keep.append(failed)
+    return keep
+
+
+def from_status(
+    status: api.SpecDecodeServiceStatus,
+    spec: api.SpecDecodeServiceSpec,
+    now: datetime,
+    generation: Optional[int] = None,
+) -> ControlState:
+    """The control state the status stores."""
+    effective = status.speculation
+    # While a speculative config that could not start is remembered, no K is tried: the
+    # known causes (vocabulary, memory, method) fail for every K alike.
+    remembered = active_failures(status, spec, generation, now)
+    s = spec.speculation
+    excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
+    earlier = status.observations
+    history = history_from_status(r.to_wire() for r in status.history)
+    advice = None
+    if status.recommendation is not None:
+        r = status.recommendation
+        advice = (Action(r.action) if r.action in _ACTIONS else Action.HOLD, r.enabled, r.k)
+    memory = dict(
+        recent_low_alpha=earlier.recent_low_alpha if earlier else None,
+        observed_at=_epoch(earlier.observed_at) if earlier else None,
+        history=history,
+        advice=advice,
+        excluded_ks=excluded,
+        ready_replicas=status.ready_replicas or 0,
+    )
+    if effective is None:
+        choice, cause, _ = choose(spec, None)
+        return ControlState(enabled=choice.enabled, k=choice.k, since=now.timestamp(), live_since=None,
+                            cause=cause, **memory)
+    # The previous evaluation's acceptance, if it was measured on the config that runs now:
+    # kept through an outage, it remembers that the draft paid.
+    last_alpha = earlier.alpha if earlier and earlier.config_hash == effective.config_hash else None
+    since = _epoch(effective.since)
+    return ControlState(
+        enabled=effective.enabled,
+        k=effective.k if effective.enabled else None,
+        since=now.timestamp() if since is None else since,
+        live_since=_epoch(effective.live_since),
+        last_alpha=last_alpha,
+        cause=cause_of(effective),
+        config_hash=effective.config_hash,
+        **memory,
+    )
+
+
+_ACTIONS = {a.value for a in Action}
+
+
+def to_status(
+    state: ControlState,
+    status: api.SpecDecodeServiceStatus,
+    spec: api.SpecDecodeServiceSpec,
+    *,
+    reason: str = "",
+    observation: Optional[dict] = None,
+    max_history: int,
+) -> api.SpecDecodeServiceStatus:
+    """``status`` with the state written into it: the effective speculation (a new one when
+    the choice changed; the reconcile's live fields kept otherwise), the history and the
+    acceptance memory. ``observation`` is the window's `Observation.to_status()` when this
+    evaluation measured one (status.observations is replaced by it)."""
+    effective = status.speculation
+    same = (
+        effective is not None
+        and effective.enabled == state.enabled
+        and (effective.k if effective.enabled else None) == state.k
+        and _epoch(effective.since) == state.since
+    )
+    if not same:
+        effective = api.EffectiveSpeculation(
+            enabled=state.enabled,
+            method=spec.speculation.method.value,
+            k=state.k if state.enabled else None,
+            since=timestamps.rfc3339(state.since),
+            reason=reason[:1024],
+            cause=state.cause.value,
+            live=False,
+            spec_hash=declared_speculation_hash(spec),
+        )
+    observations = status.observations
+    if observation is not None:
+        observations = api.Observations.model_validate(
+            {**observation,
+             "observedAt": None if state.observed_at is None else timestamps.rfc3339(state.observed_at),
+             "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4)}
+        )
+    history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]
+    if [r.to_wire() for r in history] == [r.to_wire() for r in status.history]:
+        history = list(status.history)
+    return status.model_copy(update={"speculation": effective, "observations": observations, "history": history})
+

@@ -1,0 +1,63 @@
+"""The control loop's transition: ``step(settings, state, observed, now) -> (decision, state)``.
+
+Pure. The shell converts status to `ControlState` (`state.from_status`), calls `step`, and
+writes the new state back (`state.to_status`, through `evaluation.apply_decision`); the
+benchmark does the same, so the headline figures run the production glue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specdecode import constants
+from specdecode.control.decision import Decision
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.memory import history_entry, recent_low_alpha, stored
+from specdecode.control.rules import decide
+from specdecode.control.settings import PolicySettings
+from specdecode.control.state import Cause, ControlState
+from specdecode.control.metrics import Observation
+
+
+def step(
+    settings: PolicySettings, state: ControlState, observed: PolicyObservations, now: float
+) -> tuple[Decision, ControlState]:
+    """The decision on ``observed`` and the state after it (`advance`)."""
+    decision = decide(settings, state, observed, state.history, now)
+    window = observed.window if observed.available else None
+    return decision, advance(state, decision, window, settings.min_drafts, now)
+
+
+def advance(
+    state: ControlState, decision: Decision, window: Observation | None, min_drafts: float, now: float
+) -> ControlState:
+    """The state after ``decision``: the acceptance memory updated from the long window
+    (``window``; kept through outages), the decision in history (a change, or new advice in
+    Recommend mode), and the new choice when the operator acts on it."""
+    new = state
+    if window is not None:
+        spec = window.speculation
+        new = replace(
+            new,
+            recent_low_alpha=stored(recent_low_alpha(
+                state.recent_low_alpha, state.observed_at, window, min_drafts, now
+            )),
+            observed_at=now,
+            last_alpha=stored(spec.alpha if spec is not None else None),
+        )
+    advice = (decision.action, decision.enabled, decision.k if decision.enabled else None)
+    entry = history_entry(decision, now, state)
+    if entry is not None and (decision.applied or advice != state.advice):
+        new = replace(new, history=(new.history + (entry,))[-constants.MAX_DECISION_HISTORY:])
+    if decision.applied and decision.changes:
+        new = replace(
+            new,
+            enabled=decision.enabled,
+            k=decision.k if decision.enabled else None,
+            since=now,
+            live_since=None,
+            cause=Cause.POLICY,
+            config_hash=None,
+            last_alpha=None,
+        )
+    return replace(new, advice=advice)
