@@ -1100,6 +1100,11 @@ class Observations(StatusModel):
         description="Lowest per-token acceptance of recent evaluations (a new low at once, forgotten "
         "over about an hour, kept while speculation is off): tuning moves are checked against it.",
     )
+    last_alpha: Optional[float] = Field(
+        None,
+        description="Per-token acceptance last measured on the running config: the latest window "
+        "with drafts (kept through idle windows and metrics outages: the memory that the draft paid).",
+    )
     alpha_per_position: Optional[list[Optional[float]]] = Field(
         None,
         description="Conditional acceptance at each draft position (null where a position had no trials).",

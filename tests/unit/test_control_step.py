@@ -76,9 +76,15 @@ def statuses(draw):
     )
     observations = None
     if draw(st.booleans()):
+        observed_hash = draw(st.sampled_from(["h1", "h2"]))
+        alpha = draw(alphas)
+        # The acceptance memory: the window's alpha when it measured one, else the earlier
+        # memory (only for the config that runs; another config's window remembers nothing).
+        last_alpha = (alpha if alpha is not None else draw(alphas)) if observed_hash == config_hash else None
         observations = api.Observations(
-            observed_at=timestamps.rfc3339(since + 400), config_hash=draw(st.sampled_from(["h1", "h2"])),
-            alpha=draw(alphas), recent_low_alpha=draw(alphas), requests=draw(st.floats(0, 1e4).map(lambda r: round(r, 1))),
+            observed_at=timestamps.rfc3339(since + 400), config_hash=observed_hash,
+            alpha=alpha, recent_low_alpha=draw(alphas), last_alpha=last_alpha,
+            requests=draw(st.floats(0, 1e4).map(lambda r: round(r, 1))),
         )
     history = [api.DecisionRecord.model_validate(r) for r in
                sorted(draw(st.lists(records(), max_size=6)), key=lambda r: r["time"])]
@@ -92,7 +98,7 @@ def test_status_to_state_to_status_is_the_identity(status):
     state = cs.from_status(status, SPEC, _dt(NOW))
     observation = None
     if status.observations is not None:
-        observation = {k: v for k, v in status.observations.to_wire().items() if k not in ("observedAt", "recentLowAlpha")}
+        observation = {k: v for k, v in status.observations.to_wire().items() if k not in ("observedAt", "recentLowAlpha", "lastAlpha")}
     again = cs.to_status(state, status, SPEC, observation=observation, max_history=C.MAX_DECISION_HISTORY)
     assert again.to_wire() == status.to_wire()
     # and the state it stores is the state it was read from
@@ -106,8 +112,10 @@ def test_the_state_remembers_what_the_policy_needs(status):
     effective, observations = status.speculation, status.observations
     assert (state.enabled, state.k, state.cause.value) == (effective.enabled, effective.k, effective.cause)
     assert state.live_since == (timestamps.epoch_seconds(effective.live_since) if effective.live_since else None)
-    same_config = observations is not None and observations.config_hash == effective.config_hash
-    assert state.last_alpha == (observations.alpha if same_config else None)
+    same_config = (observations is not None and observations.config_hash == effective.config_hash
+                   and timestamps.epoch_seconds(observations.observed_at) > timestamps.epoch_seconds(effective.since))
+    remembered = (observations.alpha if observations.alpha is not None else observations.last_alpha) if same_config else None
+    assert state.last_alpha == remembered
     assert [e.time for e in state.history] == sorted(e.time for e in state.history)
 
 
@@ -231,3 +239,18 @@ def test_step_is_pure():
     assert (after.enabled, after.k, after.cause, after.since, after.live_since) == (
         decision.enabled, decision.k, cs.Cause.POLICY, NOW, None)
     assert after.config != OFF or after.last_alpha is None
+
+
+def test_a_window_without_drafts_keeps_the_memory_that_the_draft_paid_across_a_restart():
+    """The first window after a metrics outage (or an idle one) has no acceptance: the
+    acceptance last measured on the running config stays, in the state and in status."""
+    effective = api.EffectiveSpeculation(enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW - 7200),
+                                         live_since=timestamps.rfc3339(NOW - 7100), live=True, config_hash="h1",
+                                         spec_hash=cs.declared_speculation_hash(SPEC))
+    measured = api.Observations(observed_at=timestamps.rfc3339(NOW - 60), config_hash="h1", alpha=0.8, requests=50.0)
+    status = api.SpecDecodeServiceStatus(speculation=effective, observations=measured)
+    state = cs.from_status(status, SPEC, _dt(NOW))
+    idle_window = {"configHash": "h1", "requests": 0.0}
+    written = cs.to_status(state, status, SPEC, observation=idle_window, max_history=C.MAX_DECISION_HISTORY)
+    assert written.observations.alpha is None and written.observations.last_alpha == 0.8
+    assert cs.from_status(written, SPEC, _dt(NOW)).last_alpha == 0.8

@@ -192,8 +192,16 @@ def from_status(
                             cause=cause, **memory)
     # The previous evaluation's acceptance, if it was measured on the config that runs now:
     # kept through an outage, it remembers that the draft paid.
-    last_alpha = earlier.alpha if earlier and earlier.config_hash == effective.config_hash else None
     since = _epoch(effective.since)
+    # The acceptance memory counts for the running config only: the same config hash, and
+    # measured after it was chosen (the window of the evaluation that changed the choice was
+    # measured on the config it left).
+    last_alpha = None
+    measured_at = _epoch(earlier.observed_at) if earlier else None
+    if earlier and earlier.config_hash == effective.config_hash and not (
+        measured_at is not None and since is not None and measured_at <= since
+    ):
+        last_alpha = earlier.alpha if earlier.alpha is not None else earlier.last_alpha
     return ControlState(
         enabled=effective.enabled,
         k=effective.k if effective.enabled else None,
@@ -245,7 +253,8 @@ def to_status(
         observations = api.Observations.model_validate(
             {**observation,
              "observedAt": None if state.observed_at is None else timestamps.rfc3339(state.observed_at),
-             "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4)}
+             "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4),
+             "lastAlpha": None if state.last_alpha is None else round(state.last_alpha, 4)}
         )
     history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]
     if [r.to_wire() for r in history] == [r.to_wire() for r in status.history]:

@@ -43,7 +43,9 @@ def advance(
                 state.recent_low_alpha, state.observed_at, window, min_drafts, now
             )),
             observed_at=now,
-            last_alpha=stored(spec.alpha if spec is not None else None),
+            # A window without drafts (idle, or the first after an outage) measures nothing:
+            # the acceptance last measured on this config stays the memory that the draft paid.
+            last_alpha=stored(spec.alpha) if spec is not None and spec.alpha is not None else state.last_alpha,
         )
     advice = (decision.action, decision.enabled, decision.k if decision.enabled else None)
     entry = history_entry(decision, now, state)
