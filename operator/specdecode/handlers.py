@@ -6,6 +6,11 @@ it): the timer interval is read when the decorators run.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import json
 import logging
@@ -20,13 +25,20 @@ from kubernetes.client.exceptions import ApiException
 from . import constants as C
 from . import instrumentation
 from . import settings as settings_module
-from .controller import Controller
+from .controller import EVERYTHING, Children, Controller
 from .evaluator import Evaluator
 from .kube import Conflict, Kube, load_config
 
 SETTINGS = settings_module.current
 RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
 OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
+# Threads for the reconciles (kopf's executor) and, apart, for the evaluations: an evaluation
+# waits for the tick's one Prometheus read, and in kopf's shared pool (6 threads on 2 cores)
+# the waiting evaluations of a large fleet held every thread, so new services and rollouts
+# waited minutes for a reconcile. Bounded both: more threads only queue at the API server.
+RECONCILE_WORKERS = 8
+EVALUATION_WORKERS = 4
+_evaluation_pool = concurrent.futures.ThreadPoolExecutor(EVALUATION_WORKERS, thread_name_prefix="evaluate")
 
 class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled state as a digest of the spec, labels and annotations, not a copy:
@@ -56,10 +68,25 @@ def evaluator() -> Evaluator:
     return _evaluator
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own heap (up to 8 per core), and each keeps
+    what it once held: with the reconcile, evaluation and Prometheus threads of a large fleet
+    that was tens of MB of RSS. Two heaps are enough for a process that holds the GIL anyway
+    (what MALLOC_ARENA_MAX=2 does, set here because the image's environment is not ours)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except OSError:
+        pass  # not glibc (musl has one heap): nothing to limit
+
+
 @kopf.on.startup()
 def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
     """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level."""
     global _controller, _evaluator
+    _limit_malloc_arenas()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(
         prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
@@ -67,6 +94,7 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
     settings.persistence.finalizer = C.KOPF_FINALIZER
     # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
     settings.posting.level = logging.WARNING
+    settings.execution.max_workers = RECONCILE_WORKERS
     settings.peering.name = SETTINGS.peering_name
     settings.peering.clusterwide = not SETTINGS.namespaces
     settings.peering.mandatory = not SETTINGS.standalone
@@ -94,12 +122,12 @@ def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **
 TRANSIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
-def _reconcile(namespace: str, name: str, retry: int) -> None:
+def _reconcile(namespace: str, name: str, retry: int, children: Children = EVERYTHING) -> None:
     """Reconcile; a failure is retried soon with a growing delay (kopf.TemporaryError), not
     after kopf's default minute, and said in one WARNING line (kopf also posts it as an Event)."""
     delay = settings_module.retry_delay(retry)
     try:
-        result = controller().reconcile(namespace, name)
+        result = controller().reconcile(namespace, name, children)
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -127,6 +155,12 @@ UNEXPECTED_ERROR_BACKOFF_S = 10
 
 
 @kopf.on.create(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
+def sds_create(namespace: str, name: str, retry: int, **_: Any) -> None:
+    """A new service: apply its children without reading them first (there are none yet; a
+    retry reads them)."""
+    _reconcile(namespace, name, retry, Children.new_service() if retry == 0 else EVERYTHING)
+
+
 @kopf.on.update(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
 @kopf.on.resume(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
 def sds_reconcile(namespace: str, name: str, retry: int, **_: Any) -> None:
@@ -142,11 +176,16 @@ def sds_timer(namespace: str, name: str, retry: int, **_: Any) -> None:
 
 
 @kopf.timer(*RESOURCE, interval=SETTINGS.evaluation_tick, initial_delay=SETTINGS.evaluation_tick)
-def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: Any) -> None:
+async def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: Any) -> None:
     """Let the policy decide when the service's evaluationInterval has passed (one batched
-    Prometheus read per tick serves every service)."""
+    Prometheus read per tick serves every service), in the evaluations' own threads."""
+    await asyncio.get_running_loop().run_in_executor(
+        _evaluation_pool, functools.partial(_evaluate, namespace, name, meta.get("generation"), retry))
+
+
+def _evaluate(namespace: str, name: str, generation: Any, retry: int) -> None:
     try:
-        evaluator().evaluate_if_due(namespace, name, generation=meta.get("generation"))
+        evaluator().evaluate_if_due(namespace, name, generation=generation)
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -157,11 +196,12 @@ def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: An
 
 @kopf.on.event("apps", "v1", "deployments", labels=OWNED_DEPLOYMENTS)
 def deployment_event(type: str, namespace: str, labels: dict[str, str], **_: Any) -> None:
-    """A child Deployment changed (rollout progress) or vanished: reconcile its service."""
+    """A child Deployment changed (rollout progress) or vanished: reconcile its service's
+    Deployment and status (the other children did not change: the timer looks at them)."""
     owner = labels.get(C.LABEL_SERVICE)
     if owner and type in ("MODIFIED", "DELETED", None):
         try:
-            _reconcile(namespace, owner, retry=0)
+            _reconcile(namespace, owner, retry=0, children=Children.deployment())
         except kopf.TemporaryError as err:
             # Event handlers are not retried: the service's own handlers and timer repair it.
             logging.getLogger("specdecode.handlers").warning("%s/%s: %s", namespace, owner, err)

@@ -53,3 +53,85 @@ def test_one_failing_child_does_not_stop_the_others():
     assert "Service" not in applied and {"Deployment", "PodDisruptionBudget", "PodMonitor"} <= set(applied)
     assert error is not None and "applying Service failed: 500" in error
     assert deployment is not None
+
+
+class _RecordingKube:
+    """Records the calls a pass makes; the Deployment and Service exist as last applied (a
+    narrow stand-in: the point is which calls a pass makes, not what the apiserver answers)."""
+
+    def __init__(self, body, degraded_apply=False):
+        self.calls: list[tuple[str, str]] = []
+        self.live: dict[str, dict] = {}
+        self.body = body
+        if degraded_apply:
+            body["status"] = {"conditions": [{"type": "Degraded", "status": "True", "reason": "ApplyFailed",
+                                              "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+    def get(self, api_version, kind, name, namespace):
+        self.calls.append(("get", kind))
+        if kind == "SpecDecodeService":
+            return self.body
+        return self.live.get(kind)
+
+    def apply(self, obj):
+        self.calls.append(("apply", obj["kind"]))
+        self.live[obj["kind"]] = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "1"}}
+        return self.live[obj["kind"]]
+
+    def list(self, api_version, kind, namespace, label_selector=""):
+        self.calls.append(("list", kind))
+        return []
+
+    def is_served(self, api_version, kind):
+        return kind != "PodMonitor"
+
+    def replace_status(self, obj, status):
+        self.calls.append(("status", ""))
+        self.body = {**self.body, "status": status}
+
+    def post_event(self, owner, type_, reason, message, now):
+        self.calls.append(("event", reason))
+
+    def delete(self, api_version, kind, name, namespace):
+        self.calls.append(("delete", kind))
+
+
+def _service_body():
+    return {"apiVersion": "serving.specdecode.io/v1alpha1", "kind": "SpecDecodeService",
+            "metadata": {"name": "svc", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
+            "spec": spec_with({"replicas": 1})}
+
+
+def test_a_new_service_is_applied_without_reading_its_children():
+    from specdecode.controller import Children, Controller
+
+    kube = _RecordingKube(_service_body())
+    assert Controller(kube).reconcile("ns", "svc", Children.new_service()) == "ok"
+    reads = [c for c in kube.calls if c[0] in ("get", "list")]
+    assert reads == [("get", "SpecDecodeService")]  # no child read, no pod list, no stale check
+    assert ("apply", "Deployment") in kube.calls and ("apply", "Service") in kube.calls
+    assert ("status", "") in kube.calls and ("event", "Applied") in kube.calls
+
+
+def test_a_deployment_event_reads_the_deployment_alone_and_a_full_pass_everything():
+    from specdecode.controller import Children, Controller
+
+    kube = _RecordingKube(_service_body())
+    controller = Controller(kube)
+    controller.reconcile("ns", "svc", Children.new_service())
+    kube.calls.clear()
+    controller.reconcile("ns", "svc", Children.deployment())
+    assert [c for c in kube.calls if c[0] == "get"] == [("get", "SpecDecodeService"), ("get", "Deployment")]
+    assert not [c for c in kube.calls if c[0] == "apply"]
+    kube.calls.clear()
+    controller.reconcile("ns", "svc")
+    # Every child, and the PDB no longer rendered for one replica (stale check).
+    assert {("get", "Deployment"), ("get", "Service"), ("get", "PodDisruptionBudget")} <= set(kube.calls)
+
+
+def test_a_deployment_event_after_a_failed_apply_looks_at_every_child():
+    from specdecode.controller import Children, Controller
+
+    kube = _RecordingKube(_service_body(), degraded_apply=True)
+    Controller(kube).reconcile("ns", "svc", Children.deployment())
+    assert ("get", "Service") in kube.calls
