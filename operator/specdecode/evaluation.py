@@ -14,7 +14,8 @@ from typing import Optional
 
 from . import api
 from . import constants as C
-from . import fallback, metrics, policy
+from . import fallback, policy
+from .control import metrics
 from . import status as st
 from . import timestamps
 

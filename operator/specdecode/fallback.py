@@ -3,7 +3,7 @@
 The most common way speculation breaks production is pods that never start: a draft whose
 vocabulary differs from the target's, a draft that pushes the GPU out of memory, a method
 the vLLM version lacks. The controller finds the failing pods and their diagnosis
-(`specdecode.failures`); this module decides: fall back to no speculation (Auto mode, when
+(`specdecode.control.failures`); this module decides: fall back to no speculation (Auto mode, when
 the user allows it), report only (Recommend and Off modes), or report Degraded (speculation
 may not be turned off, or the failure has nothing to do with speculation).
 
@@ -22,8 +22,8 @@ from typing import Optional
 from . import api
 from . import constants as C
 from . import status as st
-from .failures import Diagnosis, PodFailure
-from .render import SpeculationChoice
+from .control.failures import Diagnosis, PodFailure
+from .render.workload import SpeculationChoice
 from . import timestamps
 
 STARTUP_FAILURE_PREFIX = "startup failure: "

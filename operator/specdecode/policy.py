@@ -5,7 +5,7 @@ randomness: time comes in as ``now``, the metrics as ``observed``, and everythin
 remembers comes from ``state`` (status plus the live Deployment) and ``history`` (the status's
 bounded decision history), so decisions survive an operator restart.
 
-A *config* is an integer as in `specdecode.perfmodel`: 0 is speculation off, K >= 1 is K
+A *config* is an integer as in `specdecode.control.perfmodel`: 0 is speculation off, K >= 1 is K
 drafted tokens per step.
 
 Order of the rules (the first that applies decides):
@@ -108,9 +108,10 @@ from datetime import datetime, timezone
 from enum import Enum, StrEnum
 from typing import Any, Iterable, Mapping, Sequence
 
-from specdecode import constants, perfmodel, timestamps
-from specdecode.metrics import Observation
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode import constants, timestamps
+from specdecode.control import perfmodel
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF, EngineParams, Workload
 
 
 class Mode(str, Enum):
@@ -327,7 +328,8 @@ class PolicySettings:
         tuning: PolicyTuning | None = None,
     ) -> "PolicySettings":
         """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
-        from specdecode import api, metrics
+        from specdecode import api
+        from specdecode.control import metrics
 
         auto, spec_k = spec.autotune, spec.speculation
         window = api.parse_duration(auto.window)

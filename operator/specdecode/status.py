@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from . import api
 from . import constants as C
-from .render import SpeculationChoice, stable_hash
+from .render.workload import SpeculationChoice, stable_hash
 from .timestamps import rfc3339
 
 

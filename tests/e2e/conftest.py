@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests against a real local control plane (see specdecode.localstack).
+"""Fixtures for end-to-end tests against a real local control plane (see specdecode.tools.localstack).
 
 The `cluster` fixture starts one cluster per test session and removes it at the end. Build
 the binaries beforehand (`specdecode cluster build`, a cold build takes many minutes) so the
@@ -18,7 +18,7 @@ from typing import Callable, Iterator, TypeVar
 
 import pytest
 
-from specdecode.localstack import ClusterInfo, LocalCluster
+from specdecode.tools.localstack import ClusterInfo, LocalCluster
 
 # Another name lets two sessions (two engineers, or CI beside a demo) run side by side.
 E2E_CLUSTER_NAME = os.environ.get("SPECDECODE_E2E_CLUSTER", "e2e")

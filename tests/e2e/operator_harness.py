@@ -22,9 +22,9 @@ from typing import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdecode.localstack import ClusterInfo
-from specdecode.localstack.install import OPERATOR_USER  # noqa: F401  (re-exported for tests)
-from specdecode.localstack.stack import OperatorProcess, Stack, log_tail
+from specdecode.tools.localstack import ClusterInfo
+from specdecode.tools.localstack.install import OPERATOR_USER  # noqa: F401  (re-exported for tests)
+from specdecode.tools.localstack.stack import OperatorProcess, Stack, log_tail
 
 REPO = Path(__file__).resolve().parents[2]
 # Short so tests see many level-triggered passes and evaluations quickly.

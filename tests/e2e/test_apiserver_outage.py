@@ -12,8 +12,8 @@ import urllib.parse
 
 import pytest
 
-from specdecode.localstack import LocalCluster
-from specdecode.localstack.cluster import ComponentLaunch
+from specdecode.tools.localstack import LocalCluster
+from specdecode.tools.localstack.cluster import ComponentLaunch
 
 from .conftest import E2E_CLUSTER_NAME, poll_until
 from .operator_harness import holds_for, kubectl

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from specdecode.localstack import FAIL_STARTUP_ANNOTATION, LocalCluster
-from specdecode.localstack.manifests import duration_ms
+from specdecode.tools.localstack import FAIL_STARTUP_ANNOTATION, LocalCluster
+from specdecode.tools.localstack.manifests import duration_ms
 
 from .conftest import wait_for
 
@@ -204,7 +204,7 @@ def test_up_again_reuses_the_running_cluster(cluster):
 
 def test_down_stops_every_process_even_without_pid_files(cluster, tmp_path):
     """After a crash kwokctl's pid files may be gone; `down` must still leave no process behind."""
-    from specdecode.localstack.cluster import processes_referencing
+    from specdecode.tools.localstack.cluster import processes_referencing
 
     local = LocalCluster("e2e-down", tmp_path / "state", log=lambda message: None)
     local.up(nodes=1, ready_delay="1s", progress=False)

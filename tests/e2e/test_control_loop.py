@@ -20,9 +20,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from specdecode import constants as C, metrics, perfmodel
-from specdecode.localstack.prometheus import VLLM_NAMES_AS_SCRAPED, VLLM_NAMES_COLON, start_prometheus
-from specdecode.localstack.stack import SimulatedMetrics, Stack
+from specdecode import constants as C
+from specdecode.control import metrics, perfmodel
+from specdecode.tools.localstack.prometheus import VLLM_NAMES_AS_SCRAPED, VLLM_NAMES_COLON, start_prometheus
+from specdecode.tools.localstack.stack import SimulatedMetrics, Stack
 
 from .conftest import poll_until
 from .operator_harness import holds_for, kubectl

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specdecode.localstack import LocalCluster
+from specdecode.tools.localstack import LocalCluster
 
 from .conftest import wait_for
 

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from specdecode import constants as C
-from specdecode.kube import Kube
+from specdecode.shell.kube import Kube
 
 from .conftest import poll_until
 from .operator_harness import OPERATOR_USER, RECONCILE_INTERVAL_S, audit_writes, kubectl

@@ -17,8 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from specdecode.localstack import ClusterInfo
-from specdecode.localstack.build import cached_binary
+from specdecode.tools.localstack import ClusterInfo
+from specdecode.tools.localstack.build import cached_binary
 
 from .conftest import wait_for
 from .operator_harness import kubectl

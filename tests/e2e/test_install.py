@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from specdecode.localstack import ClusterInfo
+from specdecode.tools.localstack import ClusterInfo
 
 from .conftest import wait_for
 from .operator_harness import kubectl

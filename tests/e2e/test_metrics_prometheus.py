@@ -3,7 +3,7 @@
 A prometheus_client HTTP server stands for two vLLM pods (one of them restarts, so its
 counters reset); a real Prometheus (Debian package) scrapes it every second with the labels a
 PodMonitor gives. We then ask Prometheus for the raw samples it stored and check that the
-emulation in `specdecode.promql` / `specdecode.metrics.evaluate_plan` gives the same answers
+emulation in `specdecode.control.promql` / `specdecode.control.metrics.evaluate_plan` gives the same answers
 as Prometheus itself: the whole query plan, ``rate()`` and ``histogram_quantile`` included,
 at several evaluation instants and windows.
 
@@ -33,9 +33,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from specdecode import constants, metrics, promql
-from specdecode.metrics import PrometheusAccess, PrometheusReader, QueryScope, RawSeries
-from specdecode.sim.exposition import exposition
+from specdecode import constants
+from specdecode.control import metrics, promql
+from specdecode.control.metrics import PrometheusAccess, PrometheusReader, QueryScope, RawSeries
+from specdecode.tools.sim.exposition import exposition
 
 pytestmark = [
     pytest.mark.e2e,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from specdecode import constants as C
-from specdecode.localstack import ClusterInfo
+from specdecode.tools.localstack import ClusterInfo
 
 from ..spec_corpus import SAMPLES
 from .conftest import wait_for

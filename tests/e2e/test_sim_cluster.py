@@ -16,10 +16,10 @@ import urllib.request
 import pytest
 
 from specdecode import constants as C
-from specdecode import vllm
-from specdecode.scenario import parse_scenario
-from specdecode.sim import Simulator
-from specdecode.sim.kube import start_watchers
+from specdecode.render import vllm_args as vllm
+from specdecode.tools.scenario import parse_scenario
+from specdecode.tools.sim import Simulator
+from specdecode.tools.sim.kube import start_watchers
 
 from .conftest import wait_for
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from specdecode import constants as C
-from specdecode import vllm
-from specdecode.localstack.prometheus import find_binary, start_prometheus
-from specdecode.perfmodel import acceptance_rate, steady_state
-from specdecode.scenario import parse_scenario
-from specdecode.sim import PodInfo, Simulator
+from specdecode.render import vllm_args as vllm
+from specdecode.tools.localstack.prometheus import find_binary, start_prometheus
+from specdecode.control.perfmodel import acceptance_rate, steady_state
+from specdecode.tools.scenario import parse_scenario
+from specdecode.tools.sim import PodInfo, Simulator
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None and not Path("/usr/bin/prometheus").exists(),

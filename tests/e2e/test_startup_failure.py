@@ -18,7 +18,7 @@ import yaml
 from kubernetes import client
 
 from specdecode import constants as C
-from specdecode.localstack import FAIL_STARTUP_ANNOTATION
+from specdecode.tools.localstack import FAIL_STARTUP_ANNOTATION
 
 from .conftest import poll_until
 from .operator_harness import holds_for, kubectl

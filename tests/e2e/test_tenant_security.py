@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from specdecode import constants as C
-from specdecode.localstack import ClusterInfo
-from specdecode.localstack.stack import free_port, spawn, wait_http_ok
+from specdecode.tools.localstack import ClusterInfo
+from specdecode.tools.localstack.stack import free_port, spawn, wait_http_ok
 
 from .conftest import wait_for
 from .operator_harness import NO_PROMETHEUS, audit_writes, holds_for, kubectl

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from specdecode import api, constants as C, status as st
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 
 REPO = Path(__file__).resolve().parents[2]
 LUA_PATH = REPO / "manifests" / "argocd" / "health-specdecodeservice.lua"

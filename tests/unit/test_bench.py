@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from specdecode import cli
-from specdecode.bench import engine, run, suite
-from specdecode.perfmodel import OFF
+from specdecode.tools.bench import engine, run, suite
+from specdecode.control.perfmodel import OFF
 from specdecode.policy import Held
-from specdecode.scenario import benchmark_suite, builtin_scenario_path, load_scenario, parse_scenario
+from specdecode.tools.scenario import benchmark_suite, builtin_scenario_path, load_scenario, parse_scenario
 
 SHORT = {
     "name": "short",
@@ -276,10 +276,10 @@ def _window_acceptance_sd(request_sd: float, windows: int = 40) -> tuple[float, 
     at K=3, alpha 0.7, 2 req/s."""
     import numpy as np
 
-    from specdecode.bench import telemetry
-    from specdecode.perfmodel import EngineParams, Workload
-    from specdecode.sim import engine as sim_engine
-    from specdecode.sim import exposition as x
+    from specdecode.tools.bench import telemetry
+    from specdecode.control.perfmodel import EngineParams, Workload
+    from specdecode.tools.sim import engine as sim_engine
+    from specdecode.tools.sim import exposition as x
 
     pod = telemetry.BenchPodEngine(
         sim_engine.EngineConfig("m", "draft_model", 3), EngineParams.for_method("draft_model"),
@@ -304,7 +304,7 @@ def test_requests_differ_so_a_window_is_as_uncertain_as_its_requests_make_it():
     """With per-request acceptance (sd 0.15, beta) a 5-minute window's acceptance rate varies
     like the mean of its ~600 requests (sd ~0.15 / sqrt(600 / 1.36) times the rate's slope in
     alpha), several times the binomial spread of its ~200k drafted tokens."""
-    from specdecode.perfmodel import acceptance_rate
+    from specdecode.control.perfmodel import acceptance_rate
 
     overdispersed, n = _window_acceptance_sd(0.15)
     binomial, _ = _window_acceptance_sd(0.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from specdecode import constants as C
-from specdecode import crashpoints
-from specdecode.bench import faults, fleet, live
+from specdecode.shell import crashpoints
+from specdecode.tools.bench import faults, fleet, live
 
 STATUS = """Name:\tpython3
 VmHWM:\t  204800 kB

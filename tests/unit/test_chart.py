@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdecode.settings import ENV_PREFIX, OperatorSettings
+from specdecode.shell.settings import ENV_PREFIX, OperatorSettings
 
 from .test_manifests import MANIFESTS, REPO, crd_validators, find, kustomize
 
@@ -25,7 +25,7 @@ HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
 
 @functools.lru_cache(maxsize=None)
 def helm_binary() -> str:
-    from specdecode.localstack.build import cached_binary
+    from specdecode.tools.localstack.build import cached_binary
 
     found = cached_binary("helm", "helm")
     if found is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdecode import api
-from specdecode.controller import check_replicas
+from specdecode.shell.controller import check_replicas
 
 from ..spec_corpus import spec_with
 
@@ -42,8 +42,8 @@ class _OneKindFails:
 def test_one_failing_child_does_not_stop_the_others():
     from datetime import datetime, timezone
 
-    from specdecode import render
-    from specdecode.controller import Controller
+    from specdecode.render import workload as render
+    from specdecode.shell.controller import Controller
 
     service = api.parse_service({"apiVersion": "serving.specdecode.io/v1alpha1", "kind": "SpecDecodeService",
                                  "metadata": {"name": "svc", "namespace": "ns"}, "spec": spec_with({"replicas": 2})})

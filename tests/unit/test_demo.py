@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from rich.console import Console
 
-from specdecode import demo
+from specdecode.tools import demo
 from specdecode.api import SpecDecodeService
 from specdecode.cli import main
-from specdecode.scenario import load_scenario, parse_scenario
+from specdecode.tools.scenario import load_scenario, parse_scenario
 
 from .conftest import SAMPLES, load_yaml
 

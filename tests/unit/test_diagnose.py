@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from specdecode import vllm_support as vs
+from specdecode.render import features as vs
 from specdecode.cli import main
 
 VOCAB_LOG = (

@@ -7,8 +7,9 @@ import copy
 
 import pytest
 
-from specdecode import api, render
-from specdecode.kube import content_drift
+from specdecode import api
+from specdecode.render import workload as render
+from specdecode.shell.kube import content_drift
 
 from ..spec_corpus import spec_with
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 from specdecode import api, constants as C, evaluation, policy
 from specdecode import status as st
-from specdecode.perfmodel import Workload
+from specdecode.control.perfmodel import Workload
 from specdecode.timestamps import rfc3339
 
 from .test_policy import observe

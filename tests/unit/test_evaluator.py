@@ -14,11 +14,12 @@ import threading
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
-from specdecode import api, evaluation, metrics, perfmodel
+from specdecode import api, evaluation
+from specdecode.control import metrics, perfmodel
 from specdecode import status as st
-from specdecode.evaluator import Evaluator
-from specdecode.metrics import ConfigKey
-from specdecode.settings import OperatorSettings
+from specdecode.shell.evaluator import Evaluator
+from specdecode.control.metrics import ConfigKey
+from specdecode.shell.settings import OperatorSettings
 from specdecode.timestamps import rfc3339
 
 from .test_policy import TRUTH, observe
@@ -297,7 +298,7 @@ def _status_with_names(names: str | None) -> api.SpecDecodeServiceStatus:
 
 def test_the_spelling_found_is_logged_when_it_first_shows_and_when_it_changes(caplog):
     evaluator = Evaluator(kube=None, controller=None, settings=OperatorSettings())
-    with caplog.at_level(logging.INFO, logger="specdecode.evaluator"):
+    with caplog.at_level(logging.INFO, logger="specdecode.shell.evaluator"):
         evaluator._log_metric_names("team-a", "llama", _status_with_names(None), _status_with_names("vllm_"))
         evaluator._log_metric_names("team-a", "llama", _status_with_names("vllm_"), _status_with_names("vllm_"))
         evaluator._log_metric_names("team-a", "llama", _status_with_names("vllm_"), _status_with_names("vllm:"))

@@ -15,9 +15,9 @@ import pytest
 
 from specdecode import api
 from specdecode import constants as C
-from specdecode import failures as F
-from specdecode import vllm_support as vs
-from specdecode.failures import Cause, FailureKind, PodSpeculation, classify_log
+from specdecode.control import failures as F
+from specdecode.render import features as vs
+from specdecode.control.failures import Cause, FailureKind, PodSpeculation, classify_log
 
 from .conftest import service_doc
 

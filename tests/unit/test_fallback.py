@@ -6,9 +6,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from specdecode import api, constants as C, fallback, failures
+from specdecode import api, constants as C, fallback
+from specdecode.control import failures
 from specdecode import status as st
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
 VOCAB = ("ValueError: Target and draft model should have the same vocabulary size. Target model vocab_size=152064. "

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdecode.localstack import build, cluster, manifests
-from specdecode.localstack.build import (ETCD, GOBUILD_ROOT, HELM, KUBERNETES, KWOK, BuildError, Binaries,
+from specdecode.tools.localstack import build, cluster, manifests
+from specdecode.tools.localstack.build import (ETCD, GOBUILD_ROOT, HELM, KUBERNETES, KWOK, BuildError, Binaries,
                                          ComponentBuild)
-from specdecode.localstack.cluster import ClusterError, ClusterInfo
-from specdecode.localstack.manifests import ClusterSpec
+from specdecode.tools.localstack.cluster import ClusterError, ClusterInfo
+from specdecode.tools.localstack.manifests import ClusterSpec
 
 
 def fake_binaries(root: Path = Path("/cache")) -> Binaries:
@@ -190,7 +190,7 @@ def test_is_cached_requires_matching_digest_and_binaries(tmp_path):
 
 
 def test_plain_reporter_logs_milestones_not_every_package(capsys):
-    from specdecode.localstack.progress import PlainReporter
+    from specdecode.tools.localstack.progress import PlainReporter
 
     plan = _plan()
     reporter = PlainReporter(stream=sys.stdout, interval=3600)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdecode.localstack.prometheus import RESERVED_PORTS, free_port, render_config
+from specdecode.tools.localstack.prometheus import RESERVED_PORTS, free_port, render_config
 
 
 def test_config_scrapes_the_file_sd_targets_at_the_interval() -> None:
@@ -33,7 +33,7 @@ def test_colon_names_relabel_the_escaped_names_back_and_promtool_accepts_it(tmp_
     import shutil
     import subprocess
 
-    from specdecode.localstack.prometheus import VLLM_NAMES_COLON
+    from specdecode.tools.localstack.prometheus import VLLM_NAMES_COLON
 
     assert "metric_relabel_configs" not in render_config(Path("t.json"), 1)
     text = render_config(tmp_path / "t.json", 1, vllm_names=VLLM_NAMES_COLON)

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from specdecode import constants as C
-from specdecode import instrumentation
-from specdecode.settings import ENV_PREFIX, OperatorSettings
+from specdecode.shell import instrumentation
+from specdecode.shell.settings import ENV_PREFIX, OperatorSettings
 
 from .conftest import KUBERNETES_SCHEMA_VERSION
 
@@ -57,7 +57,7 @@ def kubectl_binary() -> str:
     found = shutil.which("kubectl")
     if found:
         return found
-    from specdecode.localstack.build import cached_binaries
+    from specdecode.tools.localstack.build import cached_binaries
 
     binaries = cached_binaries()
     if binaries is None:

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from specdecode import constants, metrics, promql
-from specdecode.metrics import (
+from specdecode import constants
+from specdecode.control import metrics, promql
+from specdecode.control.metrics import (
     ConfigKey,
     MetricsSnapshot,
     MetricsUnavailable,

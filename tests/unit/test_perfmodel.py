@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdecode.perfmodel import (
+from specdecode.control.perfmodel import (
     OFF,
     EngineParams,
     EngineParamsError,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specdecode.perfmodel import (
+from specdecode.control.perfmodel import (
     OFF,
     EngineParams,
     Schedule,

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdecode import constants, perfmodel, timestamps
+from specdecode import constants, timestamps
+from specdecode.control import perfmodel
 from specdecode import policy as P
-from specdecode.metrics import ConfigKey, Observation, SpeculationCounts
-from specdecode.perfmodel import OFF, EngineParams, Workload
+from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
+from specdecode.control.perfmodel import OFF, EngineParams, Workload
 from specdecode.policy import Action, HistoryEntry, Mode, PolicyObservations, PolicySettings, PolicyState
 
 NOW = 1_800_000_000.0

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from specdecode import api
-from specdecode import preflight as P
-from specdecode.preflight import TokenizerInfo, check_draft_compatibility
+from specdecode.render import preflight as P
+from specdecode.render.preflight import TokenizerInfo, check_draft_compatibility
 
 from .conftest import service_doc
 

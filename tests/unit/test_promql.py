@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdecode import promql
-from specdecode.promql import (
+from specdecode.control import promql
+from specdecode.control.promql import (
     PROMETHEUS_2_LEGACY,
     PROMETHEUS_3,
     PromQLRules,

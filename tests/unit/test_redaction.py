@@ -10,9 +10,11 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from specdecode import api, failures, fallback, kube
+from specdecode import api, fallback
+from specdecode.control import failures
+from specdecode.shell import kube
 from specdecode import status as status_module
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 from specdecode.redaction import MARK, RedactingFilter, install_log_redaction, redact
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

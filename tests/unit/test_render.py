@@ -11,7 +11,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdecode import api, constants as C, render, vllm
+from specdecode import api, constants as C
+from specdecode.render import workload as render, vllm_args as vllm
 
 from .conftest import KUBERNETES_SCHEMA_VERSION, REPO, SAMPLES, load_yaml, service_doc
 

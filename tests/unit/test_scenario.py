@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdecode.perfmodel import OFF, best_config
-from specdecode.scenario import (
+from specdecode.control.perfmodel import OFF, best_config
+from specdecode.tools.scenario import (
     Scenario,
     ScenarioError,
     benchmark_suite,

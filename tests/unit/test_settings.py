@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdecode import settings
+from specdecode.shell import settings
 
 
 def test_environment_then_flags():
@@ -20,7 +20,7 @@ def test_bad_value_names_the_variable_and_the_flag(monkeypatch):
 
 
 def test_the_operator_rides_out_a_ten_minute_api_outage_by_default():
-    from specdecode.settings import OperatorSettings, api_retry_backoffs
+    from specdecode.shell.settings import OperatorSettings, api_retry_backoffs
 
     pauses = api_retry_backoffs(OperatorSettings().api_outage_tolerance)
     assert sum(pauses) >= 600
@@ -28,7 +28,7 @@ def test_the_operator_rides_out_a_ten_minute_api_outage_by_default():
 
 
 def test_failed_reconciles_are_retried_soon_then_less_often():
-    from specdecode.settings import retry_delay
+    from specdecode.shell.settings import retry_delay
 
     assert [retry_delay(r) for r in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from specdecode import vllm
-from specdecode.perfmodel import EngineParams, Workload, acceptance_from_counters, acceptance_rate, steady_state
-from specdecode.sim import exposition as x
-from specdecode.sim.engine import (
+from specdecode.render import vllm_args as vllm
+from specdecode.control.perfmodel import EngineParams, Workload, acceptance_from_counters, acceptance_rate, steady_state
+from specdecode.tools.sim import exposition as x
+from specdecode.tools.sim.engine import (
     EngineConfig,
     PodEngine,
     engine_config_from_args,
@@ -202,7 +202,7 @@ def test_bucket_json_round_trips() -> None:
 def test_a_scenarios_true_schedule_penalty_slows_only_pods_that_run_a_table() -> None:
     """`model.schedule_penalty` is a truth of the scenario: a pod rendered with a table
     steps slower by it; the same pod without a table does not."""
-    from specdecode.scenario import parse_scenario
+    from specdecode.tools.scenario import parse_scenario
 
     scenario = parse_scenario({
         "name": "penalty", "duration": "10m", "method": "draft_model",
@@ -224,8 +224,9 @@ def test_a_scenarios_true_schedule_penalty_slows_only_pods_that_run_a_table() ->
 def test_the_simulator_runs_the_schedule_the_operator_renders(minimal_spec) -> None:
     """spec.speculation.perBatchSizeK -> rendered --speculative-config -> the pod's engine:
     the same ranges, as a schedule, drafting K 4 at small batches and nothing at large."""
-    from specdecode import api, render
-    from specdecode.perfmodel import Schedule
+    from specdecode import api
+    from specdecode.render import workload as render
+    from specdecode.control.perfmodel import Schedule
 
     from .conftest import service_doc
 

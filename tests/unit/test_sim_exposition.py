@@ -8,10 +8,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdecode import vllm
-from specdecode.perfmodel import EngineParams, Workload
-from specdecode.sim import exposition as x
-from specdecode.sim.engine import PodEngine, engine_config_from_args
+from specdecode.render import vllm_args as vllm
+from specdecode.control.perfmodel import EngineParams, Workload
+from specdecode.tools.sim import exposition as x
+from specdecode.tools.sim.engine import PodEngine, engine_config_from_args
 
 # REFERENCE.md, "Default buckets".
 E2E_BUCKETS = "0.3 0.5 0.8 1 1.5 2 2.5 5 10 15 20 30 40 50 60 120 240 480 960 1920 7680"

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdecode import constants as C
-from specdecode import vllm
-from specdecode.scenario import parse_scenario
-from specdecode.sim import PodInfo, Simulator
-from specdecode.sim.fleet import write_atomically
+from specdecode.render import vllm_args as vllm
+from specdecode.tools.scenario import parse_scenario
+from specdecode.tools.sim import PodInfo, Simulator
+from specdecode.tools.sim.fleet import write_atomically
 
 SCENARIO = parse_scenario(
     {

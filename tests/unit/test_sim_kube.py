@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubernetes import client
 
 from specdecode import constants as C
-from specdecode.sim.kube import LABEL_SELECTOR, pod_info
+from specdecode.tools.sim.kube import LABEL_SELECTOR, pod_info
 
 
 def v1pod(ready: bool = True, labels: dict | None = None, deleting: bool = False,

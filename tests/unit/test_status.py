@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from specdecode import api, constants as C, status as st
-from specdecode.render import SpeculationChoice
+from specdecode.render.workload import SpeculationChoice
 from specdecode.timestamps import rfc3339
 
 from .conftest import service_doc

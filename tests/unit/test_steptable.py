@@ -7,15 +7,15 @@ from importlib import resources
 
 import pytest
 
-from specdecode import perfmodel, steptable
-from specdecode.perfmodel import EngineParams, EngineParamsError, Workload
+from specdecode.control import perfmodel, steptable
+from specdecode.control.perfmodel import EngineParams, EngineParamsError, Workload
 
 NAME = "h200-llama8b-1b"
 TABLE_TRUTH = {"step_table": NAME, "step_overhead_s": 1.0e-3, "spec_overhead_s": 1.5e-3}
 
 
 def _rows():
-    path = resources.files("specdecode") / "data" / f"{NAME}-steptime.csv"
+    path = resources.files("specdecode.control") / "data" / f"{NAME}-steptime.csv"
     with path.open(encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
 

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from specdecode import api, constants as C, metrics
-from specdecode import settings as settings_module
-from specdecode.evaluator import Evaluator
-from specdecode.settings import OperatorSettings
+from specdecode import api, constants as C
+from specdecode.control import metrics
+from specdecode.shell import settings as settings_module
+from specdecode.shell.evaluator import Evaluator
+from specdecode.shell.settings import OperatorSettings
 
 OWN = "http://prometheus-operated.monitoring.svc:9090"
 

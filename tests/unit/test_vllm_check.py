@@ -11,7 +11,8 @@ import importlib.util
 
 import pytest
 
-from specdecode import api, render, vllm_check
+from specdecode import api
+from specdecode.render import workload as render, vllm_check
 from specdecode.cli import main
 
 from .conftest import service_doc

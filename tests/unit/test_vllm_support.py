@@ -1,4 +1,4 @@
-"""Tests for specdecode.vllm_support: the version table read from vLLM's released wheels."""
+"""Tests for specdecode.render.features: the version table read from vLLM's released wheels."""
 
 import dataclasses
 import re
@@ -6,7 +6,7 @@ import re
 import pytest
 from packaging.version import Version
 
-from specdecode import vllm_support as vs
+from specdecode.render import features as vs
 
 
 def test_feature_is_frozen():

@@ -26,7 +26,7 @@ app.kubernetes.io/component: controller
 {{- toJson (.Values.tenantNamespaces | default .Values.watchNamespaces) -}}
 {{- end -}}
 
-{{/* What the operator does in the namespaces it watches (operator/specdecode/kube.py), verb
+{{/* What the operator does in the namespaces it watches (operator/specdecode/shell/kube.py), verb
 by verb: the same rules as manifests/base/rbac.yaml's ClusterRole, bound cluster-wide or per
 namespace. */}}
 {{- define "specdecode.namespacedRules" -}}

@@ -132,7 +132,7 @@ class DocumentResult:
 def validate_document(doc: Any, result: DocumentResult, vllm_version: str | None) -> DocumentResult:
     """Validate one SpecDecodeService document and render it (pure: no cluster, no files)."""
     from .. import api
-    from ..render import RenderError, initial_choice, render_all
+    from ..render.workload import RenderError, initial_choice, render_all
 
     metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     result.namespace, result.name = metadata.get("namespace"), metadata.get("name")
@@ -199,7 +199,7 @@ def run_validate(args: argparse.Namespace) -> int:
             else:
                 also = ""
                 if installed:
-                    from ..vllm_check import configs_to_check
+                    from ..render.vllm_check import configs_to_check
 
                     checked = len(configs_to_check(result.service.spec))
                     also = f"; vLLM {installed} accepts all {checked} configs the operator may render"
@@ -213,8 +213,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def _check_with_vllm(results: list[DocumentResult]) -> str:
     """Run the installed vLLM's own checks on every valid service; its version."""
-    from .. import vllm_check
-    from ..render import RenderError
+    from ..render import vllm_check
+    from ..render.workload import RenderError
 
     try:
         installed = vllm_check.installed_version()
@@ -231,7 +231,7 @@ def _check_with_vllm(results: list[DocumentResult]) -> str:
 
 
 def _print_vllm_findings(result: DocumentResult, installed: str) -> None:
-    from .. import vllm_check
+    from ..render import vllm_check
 
     declared = result.service.spec.engine.version
     if installed.lstrip("v") != declared.lstrip("v"):
@@ -243,7 +243,7 @@ def _print_vllm_findings(result: DocumentResult, installed: str) -> None:
 
 def check_vllm_version(version: str) -> None:
     """Refuse a --vllm-version that is not a release the support table was read from."""
-    from ..vllm_support import KNOWN_VERSIONS, known_version
+    from ..render.features import KNOWN_VERSIONS, known_version
 
     if not known_version(version):
         raise UserError(f"--vllm-version {version}: unknown vLLM version; known: {', '.join(KNOWN_VERSIONS)} "
@@ -274,7 +274,7 @@ def _render(sub: argparse._SubParsersAction) -> None:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from ..render import RenderError, SpeculationChoice, initial_choice, render_all
+    from ..render.workload import RenderError, SpeculationChoice, initial_choice, render_all
 
     if args.vllm_version:
         check_vllm_version(args.vllm_version)

@@ -79,8 +79,8 @@ def run_bench_policy(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..bench import report, suite
-    from ..scenario import ScenarioError, benchmark_suite, load_scenario
+    from ..tools.bench import report, suite
+    from ..tools.scenario import ScenarioError, benchmark_suite, load_scenario
 
     paths: list[str] = []
     for item in args.scenario or [str(p) for p in benchmark_suite()]:
@@ -90,7 +90,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
             raise UserError(str(err)) from None
         path = Path(item)
         if not path.exists():
-            from ..scenario import builtin_scenario_path
+            from ..tools.scenario import builtin_scenario_path
 
             path = builtin_scenario_path(item)
         paths.append(str(path))
@@ -133,7 +133,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
 
 
 def _duration_arg(flag: str, text: str) -> float:
-    from ..scenario import ScenarioError, parse_duration
+    from ..tools.scenario import ScenarioError, parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -157,11 +157,11 @@ def _workdir(path: str | None, prefix: str) -> Path:
 @contextlib.contextmanager
 def _stack_errors(workdir: Path):
     """A part of the local stack that fails to start is one line naming it, not a traceback."""
-    from ..localstack.build import BuildError
-    from ..localstack.cluster import ClusterError
-    from ..localstack.install import InstallError
-    from ..localstack.prometheus import PrometheusError
-    from ..localstack.stack import StackError
+    from ..tools.localstack.build import BuildError
+    from ..tools.localstack.cluster import ClusterError
+    from ..tools.localstack.install import InstallError
+    from ..tools.localstack.prometheus import PrometheusError
+    from ..tools.localstack.stack import StackError
 
     try:
         yield
@@ -172,7 +172,7 @@ def _stack_errors(workdir: Path):
 def _report(args: argparse.Namespace, title: str, figures, targets) -> int:
     from rich.console import Console
 
-    from ..bench import live
+    from ..tools.bench import live
 
     if args.json:
         json.dump({"figures": figures.to_json(), "targets": [t.to_json() for t in targets]}, sys.stdout, indent=2)
@@ -188,7 +188,7 @@ def _report(args: argparse.Namespace, title: str, figures, targets) -> int:
 def run_bench_fleet(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..bench import fleet
+    from ..tools.bench import fleet
 
     if args.services < 1:
         raise UserError("--services must be at least 1")
@@ -207,7 +207,7 @@ def run_bench_fleet(args: argparse.Namespace) -> int:
 def run_bench_faults(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..bench import faults
+    from ..tools.bench import faults
 
     if args.kills is not None and args.kills < 0:
         raise UserError("--kills must be 0 or more")

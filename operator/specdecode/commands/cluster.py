@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cluster(args: argparse.Namespace):
-    from specdecode.localstack.cluster import ClusterError, LocalCluster
+    from specdecode.tools.localstack.cluster import ClusterError, LocalCluster
 
     try:
         return LocalCluster(args.name, args.state_dir)
@@ -93,7 +93,7 @@ def _fail(err: Exception) -> UserError:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from specdecode.localstack.build import BuildError, ensure_binaries
+    from specdecode.tools.localstack.build import BuildError, ensure_binaries
 
     try:
         binaries = ensure_binaries(progress=not args.quiet, rebuild=args.rebuild)
@@ -105,8 +105,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from specdecode.localstack.build import BuildError
-    from specdecode.localstack.cluster import ClusterError
+    from specdecode.tools.localstack.build import BuildError
+    from specdecode.tools.localstack.cluster import ClusterError
 
     cluster = _cluster(args)
     try:
@@ -128,7 +128,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from specdecode.localstack.cluster import ClusterError
+    from specdecode.tools.localstack.cluster import ClusterError
 
     try:
         _cluster(args).down()
@@ -138,7 +138,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from specdecode.localstack.cluster import ClusterError
+    from specdecode.tools.localstack.cluster import ClusterError
 
     try:
         status = _cluster(args).status()
@@ -164,7 +164,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _kubeconfig(args: argparse.Namespace) -> int:
-    from specdecode.localstack.cluster import ClusterError
+    from specdecode.tools.localstack.cluster import ClusterError
 
     try:
         print(_cluster(args).kubeconfig())
@@ -181,8 +181,8 @@ def env_exports(kubeconfig: str, bin_dirs: list[str]) -> list[str]:
 
 def _binaries_and_kubeconfig(args: argparse.Namespace):
     """The cached binaries and the kubeconfig of a running cluster; a UserError otherwise."""
-    from specdecode.localstack.build import cached_binaries
-    from specdecode.localstack.cluster import ClusterError
+    from specdecode.tools.localstack.build import cached_binaries
+    from specdecode.tools.localstack.cluster import ClusterError
 
     binaries = cached_binaries()
     if binaries is None:

@@ -6,7 +6,7 @@ applies a sample SpecDecodeService with fast autotune settings; plays a scenario
 into minutes while showing what the operator sees and decides; then prints a summary, writes
 a PNG timeline and stops every process it started (also on Ctrl-C or SIGTERM).
 
-The pure parts (the service, timeline, summary, view and plot) live in `specdecode.demo`.
+The pure parts (the service, timeline, summary, view and plot) live in `specdecode.tools.demo`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..cli import UserError, command
-from ..localstack.install import kubectl as kubectl_run
+from ..tools.localstack.install import kubectl as kubectl_run
 
 DEFAULT_DURATION = "5m"
 DEFAULT_NAMESPACE = "specdecode-demo"
@@ -80,7 +80,7 @@ def _demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _time_scale(args: argparse.Namespace, scenario_duration_s: float) -> float:
-    from ..scenario import ScenarioError, parse_duration
+    from ..tools.scenario import ScenarioError, parse_duration
 
     if args.time_scale is not None:
         if not args.time_scale > 0:
@@ -98,8 +98,8 @@ def _time_scale(args: argparse.Namespace, scenario_duration_s: float) -> float:
 def _samples(args: argparse.Namespace, method: str) -> list[dict]:
     import yaml
 
-    from ..demo import DEFAULT_SAMPLE, SAMPLE_FOR_METHOD
-    from ..localstack.install import REPO
+    from ..tools.demo import DEFAULT_SAMPLE, SAMPLE_FOR_METHOD
+    from ..tools.localstack.install import REPO
 
     paths = [Path(p) for p in args.sample] if args.sample else [
         REPO / "manifests" / "samples" / SAMPLE_FOR_METHOD.get(method, DEFAULT_SAMPLE)]
@@ -128,7 +128,7 @@ def _claim_cluster(name: str):
     process, however it ends."""
     import fcntl
 
-    from ..localstack.cluster import ClusterError, LocalCluster
+    from ..tools.localstack.cluster import ClusterError, LocalCluster
 
     try:
         state_dir = LocalCluster(name).state_dir
@@ -217,13 +217,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from .. import demo as view
-    from ..localstack.build import BuildError, cached_binaries
-    from ..localstack.cluster import ClusterError
-    from ..localstack.install import InstallError
-    from ..localstack.prometheus import PrometheusError
-    from ..localstack.stack import Stack, StackError
-    from ..scenario import ScenarioError, builtin_scenario_path, load_scenario
+    from ..tools import demo as view
+    from ..tools.localstack.build import BuildError, cached_binaries
+    from ..tools.localstack.cluster import ClusterError
+    from ..tools.localstack.install import InstallError
+    from ..tools.localstack.prometheus import PrometheusError
+    from ..tools.localstack.stack import Stack, StackError
+    from ..tools.scenario import ScenarioError, builtin_scenario_path, load_scenario
 
     try:
         scenario = load_scenario(args.scenario)
@@ -409,7 +409,7 @@ def _scenario_clock(process, targets: Path, timeout_s: float) -> tuple[float, da
     """When the simulator's scenario clock started, on this process's monotonic clock and as
     wall time: the simulator writes its targets file as it starts its clock, before it
     connects to the cluster."""
-    from ..localstack.stack import StackError, log_tail
+    from ..tools.localstack.stack import StackError, log_tail
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -451,7 +451,7 @@ def _watch(console, interactive: bool, reader: _ServiceReader, timelines: dict, 
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from ..localstack.stack import StackError, log_tail
+    from ..tools.localstack.stack import StackError, log_tail
 
     live = None
     if interactive:

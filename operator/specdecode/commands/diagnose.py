@@ -1,6 +1,6 @@
 """`specdecode diagnose -f LOGFILE [--spec FILE]`: why a vLLM pod will not start, from its log.
 
-The same classifier the operator runs on failing pods (specdecode.failures), for a log a
+The same classifier the operator runs on failing pods (specdecode.control.failures), for a log a
 user saved or pipes in (`kubectl logs POD --previous | specdecode diagnose -f -`). The pod's
 speculation words the fixes that depend on it (memory, a missing draft): from the
 SpecDecodeService given with `--spec`, else from the arguments vLLM logs at start-up.
@@ -46,7 +46,7 @@ def read_log(path: str) -> str:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from ..failures import PodSpeculation, classify_log, speculation_from_log
+    from ..control.failures import PodSpeculation, classify_log, speculation_from_log
 
     text = read_log(args.filename)
     if args.spec:

@@ -67,7 +67,7 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from .. import settings as settings_module
+    from ..shell import settings as settings_module
     from ..redaction import install_log_redaction
 
     overrides = {
@@ -105,7 +105,7 @@ def run_operator(args: argparse.Namespace) -> int:
     install_log_redaction()
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    importlib.import_module("specdecode.handlers")  # registers the handlers with kopf
+    importlib.import_module("specdecode.shell.handlers")  # registers the handlers with kopf
     kopf.run(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,

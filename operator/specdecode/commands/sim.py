@@ -68,9 +68,9 @@ def _sim(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sim(args: argparse.Namespace) -> int:
-    from ..scenario import ScenarioError, load_scenario
-    from ..sim.fleet import Simulator
-    from ..sim.kube import start_watchers
+    from ..tools.scenario import ScenarioError, load_scenario
+    from ..tools.sim.fleet import Simulator
+    from ..tools.sim.kube import start_watchers
 
     if not args.time_scale > 0:
         raise UserError(f"--time-scale: must be > 0, got {args.time_scale}")

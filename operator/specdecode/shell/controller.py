@@ -1,0 +1,349 @@
+"""Reconcile one SpecDecodeService: render, apply what differs, read the rollout, write status.
+
+Level-triggered and idempotent: every pass re-reads the object and its children, so the kopf
+handlers (create, update, resume, timer, Deployment events) all call the same `reconcile`.
+Nothing is remembered between passes; the operator's own choice of speculation lives in
+status, so a restarted operator carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from kubernetes.client.exceptions import ApiException
+
+from .. import api
+from .. import constants as C
+from . import crashpoints, instrumentation
+from .. import fallback
+from ..control import failures
+from ..render import preflight, workload as render
+from .. import status as st
+from .kube import Kube, content_drift
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _api_error_message(err: ApiException) -> str:
+    return f"{err.status} {err.reason}: {(err.body or '')[:300]}"
+
+
+def _resource_version(obj: Optional[dict[str, Any]]) -> Optional[str]:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def _object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+@dataclass(frozen=True)
+class Children:
+    """Which of a service's children a pass reads (the API traffic of a fleet is mostly these
+    reads). Every child by default, with the check for stale ones. `only`: these kinds and the
+    Deployment (status reports its rollout), no stale check: a Deployment event says nothing
+    about the Service. `new`: a service just created, whose children are taken as absent:
+    applied without a read, and none can be stale.
+
+    A child read is never replaced by the object of its watch event: an event that waited in
+    kopf's queue may predate a newer state and would turn Serving back into Progressing."""
+
+    only: Optional[frozenset[str]] = None
+    new: bool = False
+
+    @classmethod
+    def new_service(cls) -> "Children":
+        return cls(new=True)
+
+    @classmethod
+    def deployment(cls) -> "Children":
+        return cls(only=frozenset({"Deployment"}))
+
+
+EVERYTHING = Children()
+
+
+def _apply_failed(body: dict[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == C.COND_DEGRADED and c.get("reason") == C.REASON_APPLY_FAILED for c in conditions)
+
+
+def _has_pods(deployment: Optional[dict[str, Any]]) -> bool:
+    """Whether the Deployment has pods (its controller counts them in status): a new one has
+    none yet, so there is no pod to list for a start-up failure."""
+    return bool(((deployment or {}).get("status") or {}).get("replicas"))
+
+
+def check_replicas(spec: api.SpecDecodeServiceSpec, limit: Optional[int]) -> None:
+    """The operator's own ceiling on replicas (each pod holds GPUs): a typo such as 1024 must
+    not schedule hundreds of pods."""
+    if limit is not None and spec.replicas > limit:
+        raise api.SpecError(
+            f"spec.replicas: {spec.replicas} is above this operator's limit of {limit}: lower it, "
+            "or raise the operator's SPECDECODE_MAX_REPLICAS (--max-replicas)"
+        )
+
+
+class Controller:
+    """The reconcile shell around the pure render and status functions."""
+
+    def __init__(self, kube: Kube, clock: Clock = utcnow, logger: Optional[logging.Logger] = None,
+                 model_cache_root: Optional[Path] = None, max_replicas: Optional[int] = None):
+        self.kube = kube
+        self.max_replicas = max_replicas
+        self.model_cache_root = model_cache_root
+        self.clock = clock
+        self.log = logger or logging.getLogger("specdecode.shell.controller")
+        self._locks: defaultdict[tuple[str, str], threading.RLock] = defaultdict(threading.RLock)
+        self._locks_guard = threading.Lock()
+        # Objects whose last apply changed nothing although content_drift saw a difference
+        # (the apiserver's own spelling of a value), by (kind, namespace, name): resourceVersion.
+        self._noop_applies: dict[tuple[str, str, str], str] = {}
+
+    def lock_for(self, namespace: str, name: str) -> threading.RLock:
+        """One lock per service: reconciles and evaluations of a service never interleave (an
+        evaluation that changes speculation reconciles while holding it, hence re-entrant)."""
+        with self._locks_guard:
+            return self._locks[(namespace, name)]
+
+    # ------------------------------------------------------------------------------ reconcile
+
+    def reconcile(self, namespace: str, name: str, children: Children = EVERYTHING) -> str:
+        """One pass; returns its outcome: ok, error (a child could not be written: retry),
+        invalid_spec (waits for a spec change) or gone. `children`: which to read (default:
+        every one)."""
+        with self.lock_for(namespace, name):
+            body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                instrumentation.forget_service(namespace, name)
+                return "gone"
+            if children.only is not None and _apply_failed(body):
+                # A partial pass cannot tell whether the failed child is repaired now: look at all.
+                children = EVERYTHING
+            try:
+                result = self._reconcile(body, children)
+            except Exception:
+                instrumentation.RECONCILES.labels("error").inc()
+                instrumentation.ERRORS.labels("reconcile").inc()
+                raise
+            instrumentation.RECONCILES.labels(result).inc()
+            return result
+
+    def _reconcile(self, body: dict[str, Any], children: Children = EVERYTHING) -> str:
+        now = self.clock()
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        current = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
+
+        try:
+            service = api.parse_service({k: v for k, v in body.items() if k != "status"})
+            check_replicas(service.spec, self.max_replicas)
+            # A start-up failure is remembered until the spec changes (or, unclassified, until
+            # its retry back-off passes); then the declared speculation is tried again.
+            remembered = fallback.forget_stale_failures(current, service.spec, generation, now)
+            choice, reason = st.current_choice(service.spec, remembered)
+            compat = self._preflight(service.spec)
+            choice, reason = fallback.preflight_choice(service.spec, choice, reason, compat.compatible, compat.message)
+            served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
+            objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
+        except (api.SpecError, render.RenderError) as err:
+            # Children stay as they are: a bad edit must not take a serving model down.
+            message = str(err)
+            outcome = st.ReconcileOutcome(invalid_spec=message)
+            new = st.next_status(current, outcome, None, generation, now)
+            if self._write_status(body, current, new):
+                self.kube.post_event(body, "Warning", C.EVENT_INVALID_SPEC, message, now)
+            return "invalid_spec"
+
+        spec = service.spec
+        deployment, applied, apply_error = self._apply_children(objects, service, body, now, children)
+        if "Deployment" in applied:
+            crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
+        config = render.config_hash(spec, choice)
+        outcome = st.ReconcileOutcome(
+            apply_error=apply_error,
+            rollout=st.rollout_state(deployment, config),
+            choice=choice,
+            choice_reason=reason,
+            config_hash=config,
+            method=spec.speculation.method.value,
+            selector=render.selector_string(service.name),
+        )
+        new = st.next_status(remembered, outcome, spec, generation, now)
+        draft_message = f"{compat.message} Fix: {compat.fix}" if compat.fix else compat.message
+        conditions = st.set_condition(new.conditions, C.COND_DRAFT_COMPATIBLE, compat.status, compat.reason,
+                                      draft_message, now, generation)
+        if conditions != new.conditions:
+            new = new.model_copy(update={"conditions": conditions})
+        events: list[tuple[str, str, str]] = []
+        rerender = False
+        if not outcome.rollout.live and _has_pods(deployment):
+            found = self._startup_failure(service, choice, config, now)
+            if found is not None:
+                result = fallback.apply_startup_failure(new, spec, choice, config, *found, generation, now)
+                new, events, rerender = result.status, list(result.events), result.rerender
+        self._write_status(body, current, new)
+        for type_, reason_, message in events:
+            self.kube.post_event(body, type_, reason_, message, now)
+        if rerender:
+            # The fallback is in status now: count it, then render the service without speculation.
+            instrumentation.record_decision(service.namespace, service.name, "fallback", spec.autotune.mode.value)
+            self.log.warning("%s/%s: %s", service.namespace, service.name, events[0][2] if events else "fallback")
+            return self._reconcile(self.kube.get(C.API_VERSION, C.KIND, service.name, service.namespace))
+        if applied:
+            described = choice.describe(spec.speculation.method.value)
+            self.kube.post_event(
+                body, "Normal", C.EVENT_APPLIED, f"applied {', '.join(applied)} for config {config} ({described})", now
+            )
+        if apply_error:
+            self.kube.post_event(body, "Warning", C.REASON_APPLY_FAILED, apply_error, now)
+        instrumentation.record_speculation(service.namespace, service.name, choice.k)
+        return "error" if apply_error else "ok"
+
+    def _preflight(self, spec: api.SpecDecodeServiceSpec) -> preflight.DraftCompatibility:
+        """Draft compatibility from the configs on the model-cache volume, where the operator
+        can read it; Unknown otherwise (nothing is fetched from the hub)."""
+        if self.model_cache_root is None:
+            return preflight.DraftCompatibility(
+                "Unknown", preflight.REASON_NOT_CHECKED,
+                "preflight off: set SPECDECODE_MODEL_CACHE_ROOT where the operator can read the model cache",
+            )
+        return preflight.preflight(spec, self.model_cache_root)
+
+    def _startup_failure(
+        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime
+    ) -> Optional[tuple[failures.PodFailure, failures.Diagnosis]]:
+        """The first pod of the current config that cannot start, and why (its termination
+        message and log tail, read as `kubectl logs [--previous]` would)."""
+        spec = service.spec
+        selector = f"{render.selector_string(service.name)},{C.LABEL_CONFIG_HASH}={config}"
+        pods = self.kube.list("v1", "Pod", service.namespace, label_selector=selector)
+        deadline_s = api.parse_duration(spec.rollout.startup_timeout)
+        failing = failures.pods_failing(pods, config, now, deadline_s)
+        if not failing:
+            return None
+        first = failing[0]
+        log_text = self.kube.pod_log(service.namespace, first.pod, first.container, previous=first.previous_log)
+        speculation = failures.PodSpeculation.of(spec, enabled=choice.enabled, k=choice.k)
+        return first, failures.diagnose_pod_failure(first, log_text, speculation)
+
+    def _apply_children(
+        self, objects: list[dict[str, Any]], service: api.SpecDecodeService, body: dict[str, Any], now: datetime,
+        children: Children = EVERYTHING,
+    ) -> tuple[Optional[dict[str, Any]], list[str], Optional[str]]:
+        """Apply each rendered object that is missing, was rendered differently (the hash
+        annotation) or lacks some of what we render (content drift, whoever caused it); delete
+        stale ones. One child failing does not stop the others. `children`: which to read.
+
+        Returns the live Deployment, the kinds written, and the errors of the writes that failed.
+        """
+        applied: list[str] = []
+        errors: list[str] = []
+        deployment: Optional[dict[str, Any]] = None
+        for obj in objects:
+            kind = obj["kind"]
+            if children.only is not None and kind not in children.only and kind != "Deployment":
+                continue
+            live: Optional[dict[str, Any]] = None
+            try:
+                if not children.new:
+                    live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
+                if self._needs_apply(obj, live):
+                    result = self._apply_one(obj, live, body, now)
+                    if live is None or _resource_version(result) != _resource_version(live):
+                        applied.append(kind)
+                    else:
+                        # Nothing changed: what differs is the apiserver's spelling (a quantity,
+                        # say), not drift. Remember it so the next pass does not apply again.
+                        self._noop_applies[_object_key(obj)] = _resource_version(result)
+                    live = result
+            except ApiException as err:
+                instrumentation.ERRORS.labels("apply").inc()
+                errors.append(f"applying {kind} failed: {_api_error_message(err)}")
+            if kind == "Deployment":
+                deployment = live
+        if children.only is None and not children.new:
+            self._delete_stale(objects, service, applied, errors)
+        return deployment, applied, "; ".join(errors) or None
+
+    def _delete_stale(self, objects: list[dict[str, Any]], service: api.SpecDecodeService, applied: list[str],
+                      errors: list[str]) -> None:
+        """Server-side apply never deletes: delete the optional children no longer rendered."""
+        rendered_kinds = {o["kind"] for o in objects}
+        for api_version, kind in (("policy/v1", "PodDisruptionBudget"), (render.PODMONITOR_API_VERSION, "PodMonitor")):
+            try:
+                if kind in rendered_kinds or not self.kube.is_served(api_version, kind):
+                    continue
+                stale = self.kube.get(api_version, kind, service.name, service.namespace)
+                labels = (stale or {}).get("metadata", {}).get("labels") or {}
+                if stale and labels.get(C.LABEL_MANAGED_BY) == C.LABEL_MANAGED_BY_VALUE:
+                    self.kube.delete(api_version, kind, service.name, service.namespace)
+                    applied.append(f"deleted {kind}")
+            except ApiException as err:
+                instrumentation.ERRORS.labels("apply").inc()
+                errors.append(f"deleting {kind} failed: {_api_error_message(err)}")
+
+    def _needs_apply(self, obj: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
+        if live is None:
+            return True
+        wanted = obj["metadata"]["annotations"][C.ANNOTATION_APPLIED_HASH]
+        have = (live.get("metadata", {}).get("annotations") or {}).get(C.ANNOTATION_APPLIED_HASH)
+        if have != wanted:
+            return True
+        drift = content_drift(obj, live)
+        if drift is None:
+            return False
+        if self._noop_applies.get(_object_key(obj)) == _resource_version(live):
+            return False
+        self.log.info("%s %s/%s drifted at %s: applying it again", obj["kind"], live["metadata"].get("namespace"),
+                      obj["metadata"]["name"], drift)
+        return True
+
+    def _apply_one(
+        self, obj: dict[str, Any], live: Optional[dict[str, Any]], owner: dict[str, Any], now: datetime
+    ) -> dict[str, Any]:
+        """Server-side apply; when a foreign edit makes the apply itself invalid (422), take the
+        fields back by replacing them, else (not for a Deployment: its pods would go) recreate
+        the object; either way a Warning Event says what happened."""
+        try:
+            return self.kube.apply(obj)
+        except ApiException as err:
+            if err.status != 422 or live is None:
+                raise
+            refused = _api_error_message(err)
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            self.kube.take_back(obj, live)
+            self.kube.post_event(owner, "Warning", C.EVENT_TOOK_BACK,
+                                 f"{kind} {name}: a foreign edit made the apply fail ({refused}); "
+                                 "replaced the operator's fields with the rendered ones", now)
+        except ApiException as second:
+            if second.status != 422 or kind == "Deployment":
+                raise
+            self.kube.delete(obj["apiVersion"], kind, name, live["metadata"].get("namespace"))
+            self.kube.post_event(owner, "Warning", C.EVENT_RECREATED,
+                                 f"{kind} {name}: a foreign edit made the apply fail ({refused}) and the "
+                                 f"fields could not be replaced ({_api_error_message(second)}); recreated it", now)
+        return self.kube.apply(obj)
+
+    def _write_status(
+        self, body: dict[str, Any], current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus
+    ) -> bool:
+        """Write status only when it changed; True when written."""
+        if new.to_wire() == current.to_wire():
+            return False
+        try:
+            self.kube.replace_status(body, new.to_wire())
+        except ApiException:
+            instrumentation.ERRORS.labels("status").inc()
+            raise
+        return True

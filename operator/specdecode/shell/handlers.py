@@ -1,0 +1,207 @@
+"""kopf registrations: each handler is one call into the controller.
+
+Import this module only after `specdecode.shell.settings.current` is set (`specdecode run` does
+it): the timer interval is read when the decorators run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import ctypes.util
+import functools
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from .. import constants as C
+from . import instrumentation
+from . import settings as settings_module
+from .controller import EVERYTHING, Children, Controller
+from .evaluator import Evaluator
+from .kube import Conflict, Kube, load_config
+
+SETTINGS = settings_module.current
+RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
+OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
+# Threads for the reconciles (kopf's executor) and, apart, for the evaluations: an evaluation
+# waits for the tick's one Prometheus read, and in kopf's shared pool (6 threads on 2 cores)
+# the waiting evaluations of a large fleet held every thread, so new services and rollouts
+# waited minutes for a reconcile. Bounded both: more threads only queue at the API server.
+RECONCILE_WORKERS = 8
+EVALUATION_WORKERS = 4
+_evaluation_pool = concurrent.futures.ThreadPoolExecutor(EVALUATION_WORKERS, thread_name_prefix="evaluate")
+
+class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled state as a digest of the spec, labels and annotations, not a copy:
+    the handlers never read kopf's diff (every pass reconciles the whole object), and a copy of
+    a large spec overflowed the 256 KiB all annotations share, so kopf's own patch failed (422)
+    and it retried forever."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        essence = super().build(body=body, extra_fields=extra_fields)
+        text = json.dumps(essence, sort_keys=True, separators=(",", ":"), default=str)
+        return {"digest": hashlib.sha256(text.encode()).hexdigest()}
+
+
+_controller: Controller | None = None
+_evaluator: Evaluator | None = None
+
+
+def controller() -> Controller:
+    if _controller is None:
+        raise kopf.TemporaryError("the operator is still starting", delay=2)
+    return _controller
+
+
+def evaluator() -> Evaluator:
+    if _evaluator is None:
+        raise kopf.TemporaryError("the operator is still starting", delay=2)
+    return _evaluator
+
+
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own heap (up to 8 per core), and each keeps
+    what it once held: with the reconcile, evaluation and Prometheus threads of a large fleet
+    that was tens of MB of RSS. Two heaps are enough for a process that holds the GIL anyway
+    (what MALLOC_ARENA_MAX=2 does, set here because the image's environment is not ours)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except OSError:
+        pass  # not glibc (musl has one heap): nothing to limit
+
+
+@kopf.on.startup()
+def operator_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+    """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level."""
+    global _controller, _evaluator
+    _limit_malloc_arenas()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
+        prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = C.KOPF_FINALIZER
+    # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = RECONCILE_WORKERS
+    settings.peering.name = SETTINGS.peering_name
+    settings.peering.clusterwide = not SETTINGS.namespaces
+    settings.peering.mandatory = not SETTINGS.standalone
+    settings.peering.standalone = SETTINGS.standalone
+    settings.peering.stealth = True
+    # The newest process wins: a restarted operator does not pause for the record its killed
+    # predecessor left behind (equal priorities pause each other until it expires, 60 s with
+    # every service blank); a live older one pauses for it.
+    settings.peering.priority = int(time.time())
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    # Ride out an API server outage instead of exiting (kopf's default gave up after ~80 s).
+    settings.networking.error_backoffs = settings_module.api_retry_backoffs(SETTINGS.api_outage_tolerance)
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    kube = Kube(load_config())
+    cache_root = Path(SETTINGS.model_cache_root) if SETTINGS.model_cache_root else None
+    _controller = Controller(kube, logger=logging.getLogger("specdecode.shell.controller"), model_cache_root=cache_root,
+                             max_replicas=SETTINGS.max_replicas)
+    _evaluator = Evaluator(kube, _controller, SETTINGS)
+    logger.info("specdecode-operator started")
+
+
+# What an unreachable or failing API server raises through the kubernetes client.
+TRANSIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def _reconcile(namespace: str, name: str, retry: int, children: Children = EVERYTHING) -> None:
+    """Reconcile; a failure is retried soon with a growing delay (kopf.TemporaryError), not
+    after kopf's default minute, and said in one WARNING line (kopf also posts it as an Event)."""
+    delay = settings_module.retry_delay(retry)
+    try:
+        result = controller().reconcile(namespace, name, children)
+    except Conflict as err:
+        raise kopf.TemporaryError(str(err), delay=1) from None
+    except TRANSIENT_ERRORS as err:
+        instrumentation.ERRORS.labels("reconcile_retry").inc()
+        if isinstance(err, ApiException) and err.status in (401, 403):
+            # Retrying will not grant a permission: that needs a human (the ClusterRole).
+            logging.getLogger("specdecode.shell.handlers").error(
+                "%s/%s: the operator may not do this (%s): check its ClusterRole against manifests/base/rbac.yaml",
+                namespace, name, _describe(err))
+        raise kopf.TemporaryError(f"reconcile failed ({_describe(err)}); retry {retry + 1} in {delay:.0f}s",
+                                  delay=delay) from None
+    if result == "error":
+        raise kopf.TemporaryError(f"some children could not be written (see the Degraded condition); retry "
+                                  f"{retry + 1} in {delay:.0f}s", delay=delay)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        return f"{err.status} {err.reason}"
+    return f"{type(err).__name__}: {str(err)[:200]}"
+
+
+# An exception nobody classified (a bug) is retried after 10 s, not kopf's default minute.
+UNEXPECTED_ERROR_BACKOFF_S = 10
+
+
+@kopf.on.create(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
+def sds_create(namespace: str, name: str, retry: int, **_: Any) -> None:
+    """A new service: apply its children without reading them first (there are none yet; a
+    retry reads them)."""
+    _reconcile(namespace, name, retry, Children.new_service() if retry == 0 else EVERYTHING)
+
+
+@kopf.on.update(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
+@kopf.on.resume(*RESOURCE, backoff=UNEXPECTED_ERROR_BACKOFF_S)
+def sds_reconcile(namespace: str, name: str, retry: int, **_: Any) -> None:
+    """Render and apply the service's children; report the rollout in status."""
+    _reconcile(namespace, name, retry)
+
+
+@kopf.timer(*RESOURCE, interval=SETTINGS.reconcile_interval, initial_delay=SETTINGS.reconcile_interval)
+def sds_timer(namespace: str, name: str, retry: int, **_: Any) -> None:
+    """Level-triggered pass: repairs drift a watch event did not show. Returns None, so kopf
+    writes nothing for it."""
+    _reconcile(namespace, name, retry)
+
+
+@kopf.timer(*RESOURCE, interval=SETTINGS.evaluation_tick, initial_delay=SETTINGS.evaluation_tick)
+async def sds_evaluate(namespace: str, name: str, meta: kopf.Meta, retry: int, **_: Any) -> None:
+    """Let the policy decide when the service's evaluationInterval has passed (one batched
+    Prometheus read per tick serves every service), in the evaluations' own threads."""
+    await asyncio.get_running_loop().run_in_executor(
+        _evaluation_pool, functools.partial(_evaluate, namespace, name, meta.get("generation"), retry))
+
+
+def _evaluate(namespace: str, name: str, generation: Any, retry: int) -> None:
+    try:
+        evaluator().evaluate_if_due(namespace, name, generation=generation)
+    except Conflict as err:
+        raise kopf.TemporaryError(str(err), delay=1) from None
+    except TRANSIENT_ERRORS as err:
+        delay = settings_module.retry_delay(retry)
+        raise kopf.TemporaryError(f"evaluation failed ({_describe(err)}); retry {retry + 1} in {delay:.0f}s",
+                                  delay=delay) from None
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED_DEPLOYMENTS)
+def deployment_event(type: str, namespace: str, labels: dict[str, str], **_: Any) -> None:
+    """A child Deployment changed (rollout progress) or vanished: reconcile its service's
+    Deployment and status (the other children did not change: the timer looks at them)."""
+    owner = labels.get(C.LABEL_SERVICE)
+    if owner and type in ("MODIFIED", "DELETED", None):
+        try:
+            _reconcile(namespace, owner, retry=0, children=Children.deployment())
+        except kopf.TemporaryError as err:
+            # Event handlers are not retried: the service's own handlers and timer repair it.
+            logging.getLogger("specdecode.shell.handlers").warning("%s/%s: %s", namespace, owner, err)

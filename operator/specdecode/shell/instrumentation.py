@@ -1,0 +1,104 @@
+"""The operator's own Prometheus metrics: what it did, how often, and what it runs now."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from prometheus_client import Counter, Gauge
+
+from ..constants import PROM_LABEL_SERVICE
+
+# Per-service series carry the SpecDecodeService as `namespace` and `specdecode_service`, the
+# labels vLLM's series get from the PodMonitor, so rules join the two on (namespace,
+# specdecode_service). The ServiceMonitor's honorLabels keeps this `namespace` (the target's
+# own would be the operator's namespace).
+SERVICE_LABELS = ["namespace", PROM_LABEL_SERVICE]
+
+RECONCILES = Counter(
+    "specdecode_reconciles_total", "Reconciles of a SpecDecodeService, by result.", ["result"]
+)
+ERRORS = Counter("specdecode_errors_total", "Errors by stage (reconcile, apply, status, evaluate).", ["stage"])
+API_WRITES = Counter(
+    "specdecode_api_writes_total", "Write requests sent to the Kubernetes API, by verb and kind.", ["verb", "kind"]
+)
+PROMETHEUS_READS = Counter(
+    "specdecode_prometheus_reads_total",
+    "Batched Prometheus reads (one plan of queries for every service), single-flight per Prometheus and tick.",
+)
+EVALUATIONS = Counter(
+    "specdecode_evaluations_total", "Evaluations of a service by the control loop (holds included).", SERVICE_LABELS
+)
+DECISIONS = Counter(
+    "specdecode_decisions_total",
+    "Decisions that change speculation (set_k, disable, enable; fallback when pods cannot start), by service, action and mode.",
+    [*SERVICE_LABELS, "action", "mode"],
+)
+SPECULATIVE_TOKENS = Gauge(
+    "specdecode_speculative_tokens", "K in effect per service; 0 when speculation is off.", SERVICE_LABELS
+)
+SPECULATION_ENABLED = Gauge(
+    "specdecode_speculation_enabled", "1 when speculation is on for the service.", SERVICE_LABELS
+)
+METRICS_AVAILABLE = Gauge(
+    "specdecode_metrics_available", "1 when the service's last evaluation had fresh metrics.", SERVICE_LABELS
+)
+ACCEPTANCE_RATE = Gauge(
+    "specdecode_acceptance_rate", "Accepted / drafted tokens of the service's last evaluation.", SERVICE_LABELS
+)
+
+ACCEPTANCE_ALPHA = Gauge(
+    "specdecode_acceptance_alpha",
+    "Per-token acceptance (alpha) of the service's last evaluation; absent when that window had no drafts.",
+    SERVICE_LABELS,
+)
+ACCEPTANCE_FLOOR = Gauge(
+    "specdecode_acceptance_floor", "spec.autotune.acceptanceFloor of the service (alpha below it turns speculation off).",
+    SERVICE_LABELS,
+)
+
+PER_SERVICE = (SPECULATIVE_TOKENS, SPECULATION_ENABLED, METRICS_AVAILABLE, ACCEPTANCE_RATE, ACCEPTANCE_ALPHA, ACCEPTANCE_FLOOR)
+
+
+def record_decision(namespace: str, service: str, action: str, mode: str) -> None:
+    DECISIONS.labels(namespace, service, action, mode).inc()
+
+
+def record_acceptance(namespace: str, service: str, alpha: Optional[float], floor: float) -> None:
+    """The floor always; alpha only when the last evaluation measured it (a stale alpha would
+    keep the acceptance-floor alert firing after speculation was turned off or traffic stopped)."""
+    ACCEPTANCE_FLOOR.labels(namespace, service).set(floor)
+    if alpha is not None:
+        ACCEPTANCE_ALPHA.labels(namespace, service).set(alpha)
+    else:
+        _remove(ACCEPTANCE_ALPHA, namespace, service)
+
+
+def record_speculation(namespace: str, service: str, k: int | None) -> None:
+    SPECULATIVE_TOKENS.labels(namespace, service).set(k or 0)
+    SPECULATION_ENABLED.labels(namespace, service).set(1 if k else 0)
+
+
+def forget_evaluation(namespace: str, service: str) -> None:
+    """Drop what the evaluator records once it stops evaluating the service (autotune mode Off):
+    kept, the last values would hold the per-service alerts firing on a past evaluation."""
+    for gauge in (METRICS_AVAILABLE, ACCEPTANCE_RATE, ACCEPTANCE_ALPHA, ACCEPTANCE_FLOOR):
+        _remove(gauge, namespace, service)
+
+
+def forget_service(namespace: str, service: str) -> None:
+    """Drop a deleted service's series so dashboards do not show it forever, and its decision
+    counts so deleted services do not add up."""
+    for gauge in PER_SERVICE:
+        _remove(gauge, namespace, service)
+    _remove(EVALUATIONS, namespace, service)
+    with DECISIONS._lock:
+        counted = [key for key in DECISIONS._metrics if key[:2] == (namespace, service)]
+    for key in counted:
+        DECISIONS.remove(*key)
+
+
+def _remove(gauge: Gauge | Counter, namespace: str, service: str) -> None:
+    try:
+        gauge.remove(namespace, service)
+    except KeyError:
+        pass

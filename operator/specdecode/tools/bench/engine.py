@@ -1,0 +1,495 @@
+"""Scoring a strategy: the serving timeline, its segments, and the phase oracle.
+
+Every strategy (the policy, each static choice, the oracle) is reduced to a *serving
+schedule*: piecewise-constant (config, serving replicas) over the scenario. The schedule is
+cut into segments wherever the truth (phase, noise period) or the serving changes, and each
+segment is evaluated by `perfmodel.evaluate_phase` with the scenario's true engine, the true
+workload of that stretch and the queue carried over from the previous segment. The same
+evaluator, memoized, scores everyone: differences between strategies come from their
+schedules only.
+
+Rollout (a change of config; Kubernetes defaults the operator renders: maxSurge 0,
+maxUnavailable 1): replicas restart one at a time, each serving nothing for
+``params.rollout_s``; while replica j (0-based) restarts, the R - 1 others serve, j of them
+already on the new config. The segment is evaluated at the config most serving replicas run
+(ties: the old one), which is exact for two replicas: old config during the first restart,
+new during the second. With one replica a rollout is an outage: arrivals wait.
+
+Phase oracle (BENCHMARK.md, binding): a dynamic program over phases x configs (off and each K
+within the bounds; with schedules, also the scenario's `schedule_family` of per-batch-size K
+schedules) that maximises the headline score, starting, like every strategy, at the
+service's declared config and paying the same rollout for each change; see `phase_oracle`
+for how a per-phase recursion maximises a score that is a min of two whole-scenario ratios.
+Static choices start at the declared config too: one that differs switches at time 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from specdecode.control import perfmodel
+from specdecode.control.perfmodel import OFF, Config, EngineParams, Schedule, Workload
+from specdecode.tools.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serves from ``start`` on: ``config`` on ``replicas`` Ready replicas."""
+
+    start: float
+    config: Config
+    replicas: int
+    rolling: bool = False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of constant truth and serving, evaluated by the performance model."""
+
+    start: float
+    end: float
+    phase_index: int
+    workload: Workload
+    config: Config
+    replicas: int
+    rolling: bool
+    arrivals: float
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    goodput_tokens_per_s: float
+    generation_tokens_per_s: float
+    queue_end: float
+    slo_violated: bool
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class _Eval:
+    arrivals: float
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    goodput: float
+    generation: float
+    queue_end: float
+
+
+class SegmentEvaluator:
+    """`perfmodel.evaluate_phase` for one scenario's true engine and SLO, memoized.
+
+    The queue entering a segment is rounded to 0.1 requests for the memo key (and used
+    rounded), far below what changes a latency.
+    """
+
+    def __init__(self, params: EngineParams, slo_e2e_s: float | None, slo_tpot_s: float | None):
+        self.params = params
+        self.slo_e2e_s = slo_e2e_s
+        self.slo_tpot_s = slo_tpot_s
+        self._memo: dict[tuple, _Eval] = {}
+        self._truths: dict[float, tuple[int, Workload]] = {}
+        self.evaluations = 0
+
+    def truth(self, scenario: Scenario, at: float) -> tuple[int, Workload]:
+        """(phase index, quantized true workload) at ``at``, memoized: the oracle's DP and
+        every strategy cut the timeline at the same points."""
+        hit = self._truths.get(at)
+        if hit is None:
+            conditions = scenario.true_conditions(at)
+            hit = (conditions.phase_index, quantized(conditions.workload))
+            self._truths[at] = hit
+        return hit
+
+    def evaluate(self, workload: Workload, config: Config, duration: float, queue: float, replicas: int) -> _Eval:
+        queue = round(max(0.0, queue), 1)
+        key = (workload, config, round(duration, 3), queue, replicas)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        if replicas <= 0:
+            result = self._outage(workload, config, duration, queue)
+        else:
+            phase = perfmodel.evaluate_phase(
+                self.params, workload, config, duration, queue, replicas,
+                self.slo_e2e_s, self.slo_tpot_s,
+            )
+            result = _Eval(
+                arrivals=phase.arrivals,
+                e2e_mean_s=phase.e2e_mean_s,
+                e2e_p95_s=phase.e2e_p95_s,
+                tpot_mean_s=phase.tpot_mean_s,
+                tpot_p95_s=phase.tpot_p95_s,
+                goodput=phase.goodput_tokens_per_s,
+                generation=phase.generation_tokens_per_s,
+                queue_end=phase.queue_end,
+            )
+        self._memo[key] = result
+        return result
+
+    def _outage(self, workload: Workload, config: Config, duration: float, queue: float) -> _Eval:
+        """No replica serves: arrivals wait (half the outage on average, plus the backlog
+        ahead of them at one replica's capacity), then get the one-replica service time."""
+        one = perfmodel.steady_state(self.params, workload, config, 1)
+        service = one.service_s if math.isfinite(one.service_s) else 0.0
+        drain = queue / one.capacity_rps if one.capacity_rps > 0 else duration
+        wait = duration / 2.0 + drain
+        return _Eval(
+            arrivals=workload.request_rate * duration,
+            e2e_mean_s=wait + service,
+            e2e_p95_s=duration + drain + service,
+            tpot_mean_s=one.tpot_s,
+            tpot_p95_s=one.tpot_p95_s,
+            goodput=0.0,
+            generation=0.0,
+            queue_end=queue + workload.request_rate * duration,
+        )
+
+
+def quantized(workload: Workload) -> Workload:
+    """The truth rounded to 0.005 of acceptance and 0.5% of request rate before scoring.
+
+    Noise draws differ in every period; rounding them far below their own spread lets
+    strategies and the oracle share evaluations of the same stretch.
+    """
+    rate = workload.request_rate
+    if rate > 0:
+        step = math.log1p(0.005)
+        rate = math.exp(round(math.log(rate) / step) * step)
+    return Workload(
+        request_rate=rate,
+        prompt_tokens=workload.prompt_tokens,
+        output_tokens=workload.output_tokens,
+        temperature=workload.temperature,
+        acceptance=round(workload.acceptance * 200) / 200,
+    )
+
+
+def truth_breaks(scenario: Scenario) -> list[float]:
+    """Times where the true conditions may change: phase starts and noise periods."""
+    breaks = {0.0, scenario.duration}
+    breaks.update(p.at for p in scenario.phases)
+    noise = scenario.noise
+    if noise.wanders:
+        n = int(math.floor(scenario.duration / noise.period))
+        breaks.update(i * noise.period for i in range(1, n + 1) if i * noise.period < scenario.duration)
+    return sorted(b for b in breaks if 0.0 <= b <= scenario.duration)
+
+
+def rollout(start: float, old: Config, new: Config, replicas: int, rollout_s: float) -> list[Serving]:
+    """The serving schedule of a change at ``start``: one replica at a time restarts."""
+    if replicas <= 1:
+        return [Serving(start, new, 0, True), Serving(start + rollout_s, new, max(replicas, 1))]
+    out = []
+    for j in range(replicas):
+        serving = replicas - 1
+        on_new = j
+        config = new if on_new * 2 > serving else old
+        out.append(Serving(start + j * rollout_s, config, serving, True))
+    out.append(Serving(start + replicas * rollout_s, new, replicas))
+    return out
+
+
+def evaluate_schedule(
+    scenario: Scenario,
+    evaluator: SegmentEvaluator,
+    schedule: Sequence[Serving],
+    start: float = 0.0,
+    end: float | None = None,
+    queue: float = 0.0,
+    breaks: Sequence[float] | None = None,
+) -> list[Segment]:
+    """Segments of ``schedule`` over [start, end), carrying the queue from ``queue``."""
+    end = scenario.duration if end is None else end
+    breaks = truth_breaks(scenario) if breaks is None else breaks
+    cuts = {start, end}
+    cuts.update(b for b in breaks if start < b < end)
+    cuts.update(s.start for s in schedule if start < s.start < end)
+    times = sorted(cuts)
+    segments: list[Segment] = []
+    index = 0
+    for a, b in zip(times, times[1:]):
+        while index + 1 < len(schedule) and schedule[index + 1].start <= a:
+            index += 1
+        serving = schedule[index]
+        phase_index, workload = evaluator.truth(scenario, a)
+        r = evaluator.evaluate(workload, serving.config, b - a, queue, serving.replicas)
+        violated = (
+            (scenario.slo.p95_e2e_s is not None and r.e2e_p95_s > scenario.slo.p95_e2e_s)
+            or (scenario.slo.p95_tpot_s is not None and r.tpot_p95_s > scenario.slo.p95_tpot_s)
+        )
+        segments.append(
+            Segment(
+                start=a, end=b, phase_index=phase_index, workload=workload,
+                config=serving.config, replicas=serving.replicas, rolling=serving.rolling,
+                arrivals=r.arrivals, e2e_mean_s=r.e2e_mean_s, e2e_p95_s=r.e2e_p95_s,
+                tpot_mean_s=r.tpot_mean_s, tpot_p95_s=r.tpot_p95_s,
+                goodput_tokens_per_s=r.goodput, generation_tokens_per_s=r.generation,
+                queue_end=r.queue_end, slo_violated=bool(violated),
+            )
+        )
+        queue = r.queue_end
+    return segments
+
+
+def static_schedule(
+    config: Config, replicas: int, declared: Config | None = None, rollout_s: float = 0.0
+) -> list[Serving]:
+    """A static choice: ``config`` all along; a service declared at another config switches
+    to it at the start and pays the rollout like any other strategy."""
+    if declared is None or declared == config:
+        return [Serving(0.0, config, replicas)]
+    return rollout(0.0, declared, config, replicas, rollout_s)
+
+
+def latency_integral(segments: Iterable[Segment]) -> float:
+    """Time-integrated mean e2e latency (lower is better)."""
+    return math.fsum(s.duration * s.e2e_mean_s for s in segments)
+
+
+def goodput_integral(segments: Iterable[Segment]) -> float:
+    """Time-integrated goodput: good output tokens (higher is better)."""
+    return math.fsum(s.duration * s.goodput_tokens_per_s for s in segments)
+
+
+@dataclass(frozen=True)
+class Axes:
+    """A strategy's two headline axes over the scenario: time-averaged goodput (tokens/s)
+    and time-averaged mean e2e latency (s)."""
+
+    goodput: float
+    latency: float
+
+    @classmethod
+    def of(cls, segments: Sequence[Segment]) -> "Axes":
+        total = math.fsum(s.duration for s in segments)
+        if total <= 0:
+            return cls(0.0, math.inf)
+        return cls(goodput_integral(segments) / total, latency_integral(segments) / total)
+
+
+def best_axes(items: Iterable[Axes]) -> Axes:
+    """The score's denominators: the highest goodput and the lowest latency among ``items``."""
+    items = list(items)
+    return Axes(max(a.goodput for a in items), min(a.latency for a in items))
+
+
+def headline(axes: Axes, best: Axes) -> tuple[float, float, float]:
+    """(score, goodput ratio, latency ratio) against the denominators ``best``
+    (BENCHMARK.md: score = min(goodput / best goodput, best latency / latency))."""
+    good = axes.goodput / best.goodput if best.goodput > 0 else 1.0
+    fast = best.latency / axes.latency if axes.latency > 0 and math.isfinite(axes.latency) else 0.0
+    return min(good, fast), good, fast
+
+
+@dataclass(frozen=True)
+class OraclePlan:
+    """The oracle's choice: one config per phase, its schedule and its segments."""
+
+    configs: tuple[Config, ...]
+    schedule: tuple[Serving, ...]
+    segments: tuple[Segment, ...]
+    changes: int
+    source: str
+    """"dp:mu=<weight>" (the scalarised DP that scored best) or "static:<config>"."""
+
+
+ORACLE_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+"""Goodput weights mu of the oracle's scalarised DPs (see `phase_oracle`)."""
+
+
+def phase_oracle(
+    scenario: Scenario,
+    evaluator: SegmentEvaluator,
+    configs: Sequence[Config],
+    declared: Config,
+    static_segments: dict[Config, list[Segment]],
+) -> OraclePlan:
+    """The plan over phases x configs that maximises the headline score.
+
+    The score is min(goodput / G*, L* / latency) over the whole scenario, with G* and L* the
+    best values among the oracle and every static choice: a min of two ratios of sums,
+    which no per-phase recursion maximises directly. Both axes are sums over phases,
+    though, so for each weight mu of ``ORACLE_WEIGHTS`` a DP minimises the scalarisation
+    latency / L0 - mu * goodput / G0 (L0, G0: the best static values), every change paying
+    the rollout inside its phase, from the declared config at the start; each DP's best path
+    (the queue carried along it) is a candidate, and so is every static choice.
+
+    The oracle is, among the candidates that score at least every static choice against
+    their own denominators (best of the candidate and the statics on each axis), the one
+    with the best score against the best of all candidates on each axis (ties: fewer
+    changes). The best static choice always qualifies, so the oracle scores at least every
+    static choice; ranking against all candidates keeps a plan that gives up a trace of
+    goodput for a large latency gain from losing to a static that is best on goodput alone.
+    """
+    params = evaluator.params
+    replicas = params.replicas
+    breaks = truth_breaks(scenario)
+    spans = list(scenario.phase_spans())
+    statics = {c: Axes.of(segs) for c, segs in static_segments.items()}
+    reference = best_axes(statics.values())
+    g0 = reference.goodput if reference.goodput > 0 else 1.0
+    l0 = reference.latency if 0 < reference.latency < math.inf else 1.0
+    runs: dict[tuple, tuple[tuple[Segment, ...], float, float, float]] = {}
+
+    def phase_run(i: int, prev: Config, c: Config, queue: float):
+        key = (i, prev, c, round(queue, 1))
+        hit = runs.get(key)
+        if hit is None:
+            start, end, _ = spans[i]
+            if prev == c:
+                schedule = [Serving(start, c, replicas)]
+            else:
+                schedule = [s for s in rollout(start, prev, c, replicas, params.rollout_s) if s.start < end]
+            segs = tuple(evaluate_schedule(scenario, evaluator, schedule, start, end, queue, breaks))
+            hit = (segs, latency_integral(segs), goodput_integral(segs), segs[-1].queue_end)
+            runs[key] = hit
+        return hit
+
+    candidates: list[tuple[tuple[Config, ...], tuple[Segment, ...], str]] = []
+    for mu in ORACLE_WEIGHTS:
+        # value[c] = (objective, queue, path, segments) of the best path ending with c.
+        value: dict[Config, tuple[float, float, tuple[Config, ...], tuple[Segment, ...]]] = {}
+        for i in range(len(spans)):
+            new_value = {}
+            for c in configs:
+                best = None
+                before = [(declared, 0.0, 0.0, (), ())] if i == 0 else [(p, *value[p]) for p in configs]
+                for prev, cost, queue, path, segs in before:
+                    phase_segs, lat, good, queue_end = phase_run(i, prev, c, queue)
+                    total = cost + lat / l0 - mu * good / g0
+                    if best is None or total < best[0]:
+                        best = (total, queue_end, path + (c,), segs + phase_segs)
+                new_value[c] = best  # type: ignore[assignment]
+            value = new_value
+        best_c = min(value, key=lambda c: (value[c][0], perfmodel.config_order(c)))
+        _, _, path, segments = value[best_c]
+        candidates.append((path, segments, f"dp:mu={mu:g}"))
+    for config, segs in static_segments.items():
+        candidates.append((tuple(config for _ in spans), tuple(segs), f"static:{strategy_label(config)}"))
+
+    axes_of = [Axes.of(segs) for _, segs, _ in candidates]
+    ideal = best_axes(axes_of)
+
+    def feasible(i: int) -> bool:
+        """Against its own denominators the candidate scores at least every static choice."""
+        best = best_axes([axes_of[i], *statics.values()])
+        own = headline(axes_of[i], best)[0]
+        return all(own >= headline(a, best)[0] - 1e-12 for a in statics.values())
+
+    def rank(i: int) -> tuple[float, int]:
+        return headline(axes_of[i], ideal)[0], -_changes(candidates[i][0], declared)
+
+    chosen = max((i for i in range(len(candidates)) if feasible(i)), key=rank)
+    path, segments, source = candidates[chosen]
+    schedule: list[Serving] = []
+    for i, (start, _end, _) in enumerate(spans):
+        prev = declared if i == 0 else path[i - 1]
+        if path[i] != prev:
+            schedule.extend(rollout(start, prev, path[i], replicas, params.rollout_s))
+        elif i == 0:
+            schedule.append(Serving(0.0, path[i], replicas))
+    return OraclePlan(tuple(path), tuple(schedule), tuple(segments), _changes(path, declared), source)
+
+
+def _changes(path: Sequence[Config], declared: Config) -> int:
+    return sum(1 for prev, c in zip((declared, *path), path) if prev != c)
+
+
+def strategy_label(config: Config) -> str:
+    """``off``, ``K=<k>`` or ``sched[...]``: a config's name in reports."""
+    return perfmodel.config_label(config)
+
+
+def configs_of(params: EngineParams) -> tuple[int, ...]:
+    """Off and every K within the scenario's bounds."""
+    return params.configs()
+
+
+SCHEDULE_FAMILY_MAX = 4
+"""At most this many schedules join the oracle's configs (each one adds a row and a column
+to its DP and a static strategy): the run stays cheap."""
+
+
+def schedule_family(scenario: Scenario, declared: int) -> tuple[Schedule, ...]:
+    """The schedules the oracle may choose in this scenario: what `perfmodel.propose_schedule`
+    (the function the policy is to call on its observations) proposes from the truth.
+
+    Inputs per phase: the true per-position acceptance at the phase's temperature and the
+    mean running batch of the phase under speculation off and under the ``declared`` config
+    (weighted by the phase's duration); over the whole scenario, every phase's batches and
+    the duration-weighted acceptance; prompt and output lengths so each step carries its
+    prefill. Candidates, in this order: the proposal over the whole
+    scenario with every K; then, for each K that is some phase's best plain K (most common
+    first), the proposal over the whole scenario with K bounded to {0, K}
+    (speculate at K below an edge, K 0 above it: the schedule that follows a load swing) and
+    the same with its edge one grid step (a factor 2) higher: the proposal's criterion holds
+    the batch fixed, while at a given load speculation holds a smaller batch than K 0 does,
+    so the edge that serves a load best can sit above the per-step crossover; then one proposal
+    per phase (longest first). A proposal with one range is a plain K that pays a schedule's
+    cost, never better than that K, so it is dropped; so are duplicates; at most
+    ``SCHEDULE_FAMILY_MAX``.
+    """
+    params = scenario.params
+    decay = params.acceptance_decay
+    per_phase = []
+    for start, end, phase in scenario.phase_spans():
+        workload = phase.workload()
+        alpha = perfmodel.effective_alpha(workload.acceptance, workload.temperature, params)
+        weight = (end - start) / 2.0
+        batches = [
+            (perfmodel.steady_state(params, workload, c).batch, weight) for c in (OFF, declared)
+        ]
+        per_phase.append((end - start, alpha, batches, (workload.prompt_tokens, workload.output_tokens)))
+    total = math.fsum(d for d, *_ in per_phase)
+    alpha_all = math.fsum(d * a for d, a, *_ in per_phase) / total
+    lengths_all = tuple(math.fsum(d * n[i] for d, _, _, n in per_phase) / total for i in (0, 1))
+    batches_all = [b for *_, bs, _ in per_phase for b in bs]
+
+    def proposal(alpha: float, batches, lengths: tuple[float, float], ks=None):
+        prompt, output = lengths
+        acceptance = [alpha * decay**i for i in range(params.max_k)]
+        return perfmodel.propose_schedule(
+            params, acceptance, batches, prompt + output / 2.0, ks,
+            prompt_tokens=prompt, output_tokens=output,
+        )
+
+    phase_ks: dict[int, float] = {}
+    for duration, alpha, batches, lengths in per_phase:
+        k = proposal(alpha, batches, lengths).static_k
+        if k > 0:
+            phase_ks[k] = phase_ks.get(k, 0.0) + duration
+    candidates = [lambda: proposal(alpha_all, batches_all, lengths_all).schedule]
+    for k in sorted(phase_ks, key=lambda k: (-phase_ks[k], k)):
+        candidates.append(lambda k=k: proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        candidates.append(
+            lambda k=k: _edge_doubled(proposal(alpha_all, batches_all, lengths_all, (OFF, k)).schedule)
+        )
+    candidates += [
+        (lambda a=a, bs=bs, n=n: proposal(a, bs, n).schedule)
+        for _, a, bs, n in sorted(per_phase, key=lambda p: -p[0])
+    ]
+    family: list[Schedule] = []
+    for make in candidates:
+        schedule = make()
+        if len(schedule.bands) > 1 and schedule not in family:
+            family.append(schedule)
+        if len(family) >= SCHEDULE_FAMILY_MAX:
+            break
+    return tuple(family)
+
+
+def _edge_doubled(schedule: Schedule) -> Schedule:
+    """A two-range schedule with its edge a factor 2 higher (a one-range one unchanged)."""
+    if len(schedule.bands) != 2:
+        return schedule
+    (_, edge, k_low), (_, end, k_high) = schedule.bands
+    edge = 2 * edge
+    return Schedule(((1, edge, k_low), (edge + 1, max(end, edge + 1), k_high)))

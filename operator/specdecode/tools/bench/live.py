@@ -1,0 +1,213 @@
+"""What the benchmarks on the local stack (`bench fleet`, `bench faults`) measure and how
+they report it: process figures from /proc, Prometheus' own count of the queries it
+answered, the operator's counters, the apiserver's audit log, and targets printed as holds /
+falls short.
+
+The parsers are pure (text in, numbers out); the readers around them only fetch the text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+@dataclass(frozen=True)
+class Target:
+    """One figure against its goal."""
+
+    name: str
+    figure: str
+    goal: str
+    holds: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# -------------------------------------------------------------------------------- services
+
+
+def draft_service(name: str, namespace: str, *, k: int, replicas: int, autotune: dict, metrics: dict,
+                  rollout: Optional[dict] = None) -> dict:
+    """A SpecDecodeService with a draft model the simulator serves (the benchmarks' fleets)."""
+    from ... import constants as C
+
+    spec = {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "draft_model", "draftModel": "meta-llama/Llama-3.2-1B-Instruct",
+                        "numSpeculativeTokens": k, "minK": 1, "maxK": 6},
+        "replicas": replicas,
+        "autotune": {"mode": "Auto", **autotune},
+        "metrics": metrics,
+    }
+    if rollout:
+        spec["rollout"] = rollout
+    return {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
+
+
+def fresh_namespace(kubectl_command, namespace: str) -> None:
+    """The benchmark's namespace, empty (a kept cluster may hold an earlier run's)."""
+    from ..localstack.install import kubectl
+
+    kubectl(kubectl_command, "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=300)
+    kubectl(kubectl_command, "create", "namespace", namespace)
+
+
+# ------------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    rss_bytes: int
+    peak_rss_bytes: int
+    cpu_s: float
+
+
+def parse_proc(status_text: str, stat_text: str, ticks_per_s: float) -> ProcessSample:
+    """/proc/PID/status (VmRSS, VmHWM) and /proc/PID/stat (utime + stime, children excluded)."""
+    fields = {}
+    for line in status_text.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+
+    def kib(name: str) -> int:
+        return int(fields.get(name, "0 kB").split()[0]) * 1024
+
+    # The command name (2nd field) may hold spaces: split after its closing parenthesis.
+    rest = stat_text.rsplit(")", 1)[1].split()
+    utime, stime = int(rest[11]), int(rest[12])
+    return ProcessSample(kib("VmRSS"), kib("VmHWM"), (utime + stime) / ticks_per_s)
+
+
+def process_sample(pid: int) -> ProcessSample:
+    base = Path("/proc") / str(pid)
+    return parse_proc((base / "status").read_text(), (base / "stat").read_text(), os.sysconf("SC_CLK_TCK"))
+
+
+# --------------------------------------------------------------------------------- counters
+
+
+def counter_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a counter's samples in Prometheus' text format, over the samples whose labels
+    include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> str:
+    return urllib.request.urlopen(url, timeout=timeout_s).read().decode()
+
+
+def prometheus_queries(prometheus_url: str) -> float:
+    """Instant queries Prometheus has answered (its own counter: independent of the operator's)."""
+    text = scrape(prometheus_url.rstrip("/") + "/metrics")
+    return counter_sum(text, "prometheus_http_requests_total", handler="/api/v1/query")
+
+
+# -------------------------------------------------------------------------------- audit log
+
+
+@dataclass(frozen=True)
+class AuditWrite:
+    verb: str
+    resource: str  # "deployments", "specdecodeservices/status", ...
+    namespace: str
+    name: str
+    time: str
+
+
+def audit_writes(lines: Iterable[str], user: str, namespaces: Optional[Iterable[str]] = None) -> list[AuditWrite]:
+    """The write requests `user` made (in `namespaces`, when given) in audit log lines; a line
+    cut short by the writer is skipped."""
+    wanted = None if namespaces is None else set(namespaces)
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in WRITE_VERBS:
+            continue
+        if (entry.get("user") or {}).get("username") != user:
+            continue
+        ref = entry.get("objectRef") or {}
+        if wanted is not None and ref.get("namespace") not in wanted:
+            continue
+        resource = ref.get("resource", "")
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        out.append(AuditWrite(entry["verb"], resource, ref.get("namespace", ""), ref.get("name", ""),
+                              entry.get("stageTimestamp", "")))
+    return out
+
+
+class AuditLog:
+    """Reads an audit log from a byte offset, so that a long run does not re-read it all."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def mark(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def lines_since(self, offset: int) -> list[str]:
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+        return data.decode(errors="replace").splitlines()
+
+
+def count_by(writes: Iterable[AuditWrite]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for w in writes:
+        key = f"{w.verb} {w.resource}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+# ------------------------------------------------------------------------------------ table
+
+
+def render_targets(console, title: str, rows: list[tuple[str, str]], targets: list[Target]) -> None:
+    from rich.table import Table
+
+    figures = Table(title=title, show_header=True, header_style="bold")
+    figures.add_column("figure")
+    figures.add_column("value", justify="right")
+    for name, value in rows:
+        figures.add_row(name, value)
+    console.print(figures)
+    table = Table(title="targets", show_header=True, header_style="bold")
+    table.add_column("target")
+    table.add_column("measured", justify="right")
+    table.add_column("goal")
+    table.add_column("verdict")
+    for t in targets:
+        table.add_row(t.name, t.figure, t.goal, "[green]holds[/]" if t.holds else "[red]falls short[/]")
+    console.print(table)
+
+
+def machine_note() -> str:
+    """What else ran while the benchmark did: load average and CPU count (runs vary with it)."""
+    try:
+        load = os.getloadavg()
+    except OSError:
+        return f"{os.cpu_count()} CPUs"
+    return f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"

@@ -1,0 +1,646 @@
+"""Running one scenario: the policy in simulated time, every static choice, the oracle.
+
+The policy runs as in production, with the API's default autotune settings (Auto mode, 1m
+evaluations, 5m window, 2m warm-up, 10m cooldown, 4 changes per hour, 30m re-probe), the
+scenario's SLO and replicas, maxSurge 0 / maxUnavailable 1, a 15s scrape interval and the
+prior costs of the scenario's method (never the scenario's true costs or acceptance). Every
+scrape interval the Ready pods advance (`telemetry.Fleet`), every evaluation interval the
+policy reads them through the production reader and decides; a change rolls through the
+replicas one at a time, each new pod Ready after the scenario's true ``rollout_s``.
+
+Figures of a strategy (all from `engine.Segment` lists, BENCHMARK.md's definitions):
+- goodput: output tokens per second of requests meeting both SLO bounds, time-averaged;
+- latency: time-weighted mean of e2e and TPOT; P95 of the time-weighted mixture of the
+  segments' latency distributions (lognormal fitted to each segment's mean and P95);
+- SLO-violation minutes: time whose P95 e2e or P95 TPOT is above its bound;
+- score: min(goodput / G*, L* / mean e2e), G* the highest goodput and L* the lowest mean e2e
+  among the oracle and every static choice (`scored`);
+- changes: config changes (each restarts every replica); a static choice other than the
+  declared K changes once, at the start;
+- fallback: after a collapse (true acceptance falls below the floor) the time until the
+  policy's first decision that reduces speculation, also in evaluation intervals after the
+  collapse became visible (one scrape after it); a collapse met with speculation already
+  off is reported as such (``already_off``) and needs no fallback;
+- re-enable: after a recovery (acceptance back above the floor) the time until the policy
+  turns speculation on (``already_on`` when it never turned it off);
+- stationary changes: policy changes later than the settling time after a phase start
+  (warm-up + window + rollout of every replica + two evaluations); re-probes and their
+  abandonment are counted apart as exploration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+from specdecode import api
+from specdecode.control import perfmodel
+from specdecode import policy as pol
+from specdecode.tools.bench import engine, telemetry
+from specdecode.control.metrics import QueryScope, guard_window
+from specdecode.control.perfmodel import OFF
+from specdecode.tools.scenario import Scenario, load_scenario
+
+POLICY = "policy"
+ORACLE = "oracle"
+ORACLE_SCHEDULES = "oracle+sched"
+"""The oracle that may also choose the scenario's schedule family (`engine.schedule_family`)."""
+SCRAPE_INTERVAL_S = 15.0
+DECLARED_K = 3
+"""The K a service declares when its scenario does not bound it away: every strategy starts
+there (the policy, the oracle and every static choice, which switches at the start)."""
+DAY_LONG_S = 20 * 3600.0
+"""A single-phase scenario at least this long is a day-long stationary one: its figure is
+the number of changes, its target the oracle's."""
+_Z95 = NormalDist().inv_cdf(0.95)
+
+strategy_name = engine.strategy_label
+
+
+def declared_config(params: perfmodel.EngineParams) -> int:
+    """The service's declared config: K = 3 within the scenario's bounds."""
+    return min(params.max_k, max(params.min_k, DECLARED_K))
+
+
+def is_day_long_stationary(scenario: Scenario) -> bool:
+    return len(scenario.phases) == 1 and scenario.duration >= DAY_LONG_S
+
+
+def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> pol.PolicySettings:
+    """The API's defaults applied to the scenario's service (SLO, replicas, K bounds)."""
+    auto, rollout, spec_k = api.Autotune(), api.Rollout(), scenario.params
+    window = api.parse_duration(auto.window)
+    return pol.PolicySettings(
+        mode=pol.Mode.AUTO,
+        method=scenario.method,
+        configured_k=declared_config(spec_k),
+        min_k=spec_k.min_k,
+        max_k=spec_k.max_k,
+        allow_disable=True,
+        evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
+        window_s=window,
+        guard_window_s=guard_window(window, scrape_interval_s),
+        warmup_s=api.parse_duration(auto.warmup),
+        min_drafts=auto.min_drafts,
+        min_requests=auto.min_requests,
+        acceptance_floor=auto.acceptance_floor,
+        slo_e2e_s=scenario.slo.p95_e2e_s,
+        slo_tpot_s=scenario.slo.p95_tpot_s,
+        cooldown_s=api.parse_duration(auto.cooldown),
+        max_changes_per_hour=auto.max_changes_per_hour,
+        reprobe_interval_s=api.parse_duration(auto.reprobe_interval),
+        replicas=spec_k.replicas,
+        max_surge=rollout.max_surge,
+        max_unavailable=rollout.max_unavailable,
+        restart_s=180.0,
+        scrape_interval_s=scrape_interval_s,
+    )
+
+
+# --- the policy in simulated time ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Change:
+    """One applied decision of the policy."""
+
+    time: float
+    from_config: int
+    to_config: int
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A decision whose rule wanted a change and held (restart price, overload, cooldown,
+    budget)."""
+
+    time: float
+    rule: pol.Rule
+    held: pol.Held
+    reason: str
+
+
+@dataclass
+class PolicyRun:
+    schedule: list[engine.Serving]
+    changes: list[Change]
+    alpha_trace: list[tuple[float, float]] = field(default_factory=list)
+    rules: dict[str, int] = field(default_factory=dict)
+    blocked: list[Blocked] = field(default_factory=list)
+    decisions: int = 0
+    metrics_unavailable: int = 0
+
+
+def _align(t: float, step: float) -> float:
+    return math.ceil(t / step - 1e-9) * step
+
+
+def run_policy(scenario: Scenario, settings: pol.PolicySettings) -> PolicyRun:
+    """The policy against the scenario (deterministic in the scenario's seed)."""
+    params = scenario.params
+    replicas = params.replicas
+    scrape = settings.scrape_interval_s
+    every = max(1, round(settings.evaluation_interval_s / scrape))
+    rollout_s = _align(params.rollout_s, scrape)
+    long_scope = QueryScope.of(settings.window_s)
+    guard_scope = QueryScope.of(settings.guard_window_s)
+    fleet = telemetry.Fleet(
+        scenario.name, scenario.method, params, scenario.seed,
+        telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
+        scenario.noise.request_acceptance_sd,
+    )
+    config = settings.configured_k
+    for slot in range(replicas):
+        fleet.start(slot, config)
+    state = pol.PolicyState(True, config, since=0.0, live_since=0.0, ready_replicas=replicas)
+    history: list[pol.HistoryEntry] = []
+    run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
+    transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
+    live_at: float | None = None
+    observed_at: float | None = None  # status.observations.observedAt
+
+    long = None
+    steps = int(math.floor(scenario.duration / scrape))
+    for step in range(steps):
+        t0 = step * scrape
+        t = t0 + scrape
+        truth = scenario.true_conditions(t0)
+        if fleet.ready:
+            fleet.advance(scrape, truth.workload)
+        due = [tr for tr in transitions if tr[0] <= t + 1e-9]
+        transitions = [tr for tr in transitions if tr[0] > t + 1e-9]
+        for when, slot, what, new_config in sorted(due):
+            if what == "stop":
+                fleet.stop(slot, when)
+            else:
+                fleet.start(slot, new_config)
+        if live_at is not None and t >= live_at - 1e-9:
+            state = replace(state, live_since=live_at, ready_replicas=fleet.ready)
+            live_at = None
+        outage = scenario.metrics_outage_at(t)
+        if not outage:
+            fleet.scrape(t)
+        if (step + 1) % every:
+            continue
+
+        if outage:
+            observed = pol.PolicyObservations.unavailable(
+                f"Prometheus at http://prometheus:9090 is unreachable (scenario outage at "
+                f"{t / 60:.0f}m)"
+            )
+            run.metrics_unavailable += 1
+        else:
+            current = state.config
+            long = telemetry.current_observation(fleet.observe(long_scope, t), scenario.name, current)
+            short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, current)
+            observed = pol.PolicyObservations.of(long, short)
+        decision = pol.decide(settings, state, observed, tuple(history), t)
+        # status.observations.alpha: updated when the long window has acceptance, kept
+        # through outages and holds without it.
+        # status.observations.recentLowAlpha: every evaluation with observations updates it.
+        if not outage and long is not None:
+            low = pol.recent_low_alpha(state.recent_low_alpha, observed_at, long, settings.min_drafts, t)
+            state = replace(state, recent_low_alpha=low)
+            observed_at = t
+            if long.speculation is not None and long.speculation.alpha is not None:
+                state = replace(state, last_alpha=long.speculation.alpha)
+        run.decisions += 1
+        run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
+        if decision.alpha is not None:
+            run.alpha_trace.append((t, decision.alpha))
+        if not (decision.applied and decision.changes):
+            if decision.held is not None:
+                run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
+            continue
+        entry = decision.history_entry(t, state)
+        if entry is not None:
+            history = (history + [entry])[-pol.constants.MAX_DECISION_HISTORY:]
+        old, new = state.config, decision.config
+        run.changes.append(Change(t, old, new, decision.rule, decision.reason))
+        run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
+        for slot in range(replicas):
+            transitions.append((t + slot * rollout_s, slot, "stop", new))
+            transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
+        live_at = t + replicas * rollout_s
+        state = pol.PolicyState(decision.enabled, decision.k, since=t, live_since=None,
+                                ready_replicas=fleet.ready, last_alpha=None,
+                                recent_low_alpha=state.recent_low_alpha)
+    return run
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    goodput_tokens_per_s: float
+    e2e_mean_s: float
+    e2e_p95_s: float
+    tpot_mean_s: float
+    tpot_p95_s: float
+    slo_violation_min: float
+    changes: int
+    score: float = math.nan
+    goodput_ratio: float = math.nan
+    latency_ratio: float = math.nan
+
+    @property
+    def axes(self) -> engine.Axes:
+        return engine.Axes(self.goodput_tokens_per_s, self.e2e_mean_s)
+
+    def with_ratios(self, best: engine.Axes) -> "Figures":
+        """The figures scored against the denominators ``best`` (`engine.headline`)."""
+        score, good, fast = engine.headline(self.axes, best)
+        return replace(self, score=score, goodput_ratio=good, latency_ratio=fast)
+
+
+def _sigma(mean: float, p95: float) -> float:
+    """Lognormal sigma from mean and P95 (smaller root of s^2/2 - z s + ln(p95/mean) = 0)."""
+    if not (mean > 0 and math.isfinite(mean) and math.isfinite(p95)) or p95 <= mean:
+        return 0.0
+    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
+    return _Z95 - math.sqrt(max(0.0, disc))
+
+
+def mixture_p95(items: list[tuple[float, float, float]]) -> float:
+    """P95 of a weighted mixture of lognormals given as (weight, mean, p95)."""
+    total = math.fsum(w for w, _, _ in items)
+    if total <= 0:
+        return math.nan
+    if math.fsum(w for w, m, _ in items if not math.isfinite(m)) > 0.05 * total:
+        return math.inf
+    parts = []
+    for w, mean, p95 in items:
+        if not math.isfinite(mean) or mean <= 0:
+            continue
+        sigma = _sigma(mean, p95)
+        parts.append((w / total, math.log(mean) - sigma * sigma / 2.0, sigma, mean))
+    norm = NormalDist()
+
+    def cdf(x: float) -> float:
+        acc = 0.0
+        for w, mu, sigma, mean in parts:
+            if sigma <= 0:
+                acc += w if x >= mean else 0.0
+            else:
+                acc += w * norm.cdf((math.log(x) - mu) / sigma)
+        return acc
+
+    lo, hi = 0.0, max(p for _, _, p in items if math.isfinite(p)) * 2 + 1e-6
+    while cdf(hi) < 0.95 and hi < 1e9:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if mid <= 0 or cdf(mid) < 0.95:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def figures(segments: list[engine.Segment], changes: int) -> Figures:
+    total = math.fsum(s.duration for s in segments)
+    if total <= 0:
+        return Figures(0.0, math.nan, math.nan, math.nan, math.nan, 0.0, changes)
+
+    def mean(attr: str) -> float:
+        return math.fsum(s.duration * getattr(s, attr) for s in segments) / total
+
+    return Figures(
+        goodput_tokens_per_s=mean("goodput_tokens_per_s"),
+        e2e_mean_s=mean("e2e_mean_s"),
+        e2e_p95_s=mixture_p95([(s.duration, s.e2e_mean_s, s.e2e_p95_s) for s in segments]),
+        tpot_mean_s=mean("tpot_mean_s"),
+        tpot_p95_s=mixture_p95([(s.duration, s.tpot_mean_s, s.tpot_p95_s) for s in segments]),
+        slo_violation_min=math.fsum(s.duration for s in segments if s.slo_violated) / 60.0,
+        changes=changes,
+    )
+
+
+# --- one scenario ----------------------------------------------------------------------------
+
+
+@dataclass
+class ScenarioResult:
+    """Everything the report needs about one scenario (picklable)."""
+
+    name: str
+    description: str
+    path: str
+    duration_s: float
+    method: str
+    slo: dict[str, float | None]
+    strategies: dict[str, Figures]
+    phases: list[dict[str, Any]]
+    events: dict[str, Any]
+    timelines: dict[str, list[tuple[float, float, int, float, float]]]
+    """Per strategy: (start, end, config, goodput, P95 e2e) of each segment."""
+    truth: list[tuple[float, float, float, float]]
+    """(start, end, request rate, effective acceptance) of each truth segment."""
+    changes: list[Change]
+    alpha_trace: list[tuple[float, float]]
+    oracle_source: str
+    elapsed_s: float
+    evaluations: int
+    rules: dict[str, int]
+    best_static: str = ""
+    day_long_stationary: bool = False
+    schedules: "ScheduleView | None" = None
+    """The same scenario with per-batch-size schedules in the yardstick (None: not run)."""
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    """What per-batch-size schedules change in a scenario.
+
+    ``strategies`` scores every strategy against the best goodput and latency among the
+    oracle with schedules, the oracle without, every static K and every static schedule:
+    the policy (which does not choose schedules yet), ``oracle`` (K only),
+    ``oracle+sched``, each static K and each schedule of the family chosen once (by its
+    label, ``sched[...]``).
+    """
+
+    family: tuple[str, ...]
+    """Labels of the schedules the oracle may choose (empty: none proposed)."""
+    strategies: dict[str, Figures]
+    best_static_schedule: str
+    """The family's best schedule as a static choice ('' without a family)."""
+    oracle_source: str
+    oracle_plan: tuple[str, ...]
+    """The config of each phase in the oracle+sched plan."""
+
+
+def _effective_alpha(scenario: Scenario, workload: perfmodel.Workload) -> float:
+    return perfmodel.effective_alpha(workload.acceptance, workload.temperature, scenario.params)
+
+
+def _config_at(run: PolicyRun, t: float, initial: int) -> int:
+    """The config the policy has decided on at ``t`` (a rollout in progress counts as done)."""
+    config = initial
+    for change in run.changes:
+        if change.time > t:
+            break
+        config = change.to_config
+    return config
+
+
+
+
+def _events(
+    scenario: Scenario, settings: pol.PolicySettings, run: PolicyRun
+) -> dict[str, Any]:
+    floor = settings.acceptance_floor
+    phases = scenario.phases
+    collapses, recoveries = [], []
+    for i in range(1, len(phases)):
+        before = _effective_alpha(scenario, phases[i - 1].workload())
+        after = _effective_alpha(scenario, phases[i].workload())
+        end = phases[i + 1].at if i + 1 < len(phases) else scenario.duration
+        start = phases[i].at
+        if before >= floor > after:
+            if _config_at(run, start, settings.configured_k) == OFF:
+                # Speculation is already off when acceptance collapses: nothing to fall back from.
+                collapses.append(
+                    {"at_s": start, "fallback_s": None, "fallback_intervals": None, "held": None,
+                     "already_off": True}
+                )
+                continue
+            change = next(
+                (c for c in run.changes if start <= c.time < end and c.to_config < c.from_config), None
+            )
+            delay = None if change is None else change.time - start
+            held = None
+            if change is None:
+                # The floor's own hold explains most; the other fallback rules' holds next.
+                blocks = [(b.rule not in pol.FLOOR_RULES, b.time, b.held, b.reason)
+                          for b in run.blocked
+                          if start <= b.time < end and b.rule in pol.FALLBACK_RULES]
+                held = {"by": min(blocks)[2], "reason": min(blocks)[3]} if blocks else None
+            # Visible with the first scrape after the change, or after an outage hiding it.
+            visible = start
+            for outage in scenario.metrics_outage:
+                if outage.at <= visible < outage.end:
+                    visible = outage.end
+            visible += settings.scrape_interval_s
+            intervals = None if change is None else (change.time - visible) / settings.evaluation_interval_s
+            collapses.append(
+                {"at_s": start, "fallback_s": delay, "fallback_intervals": intervals, "held": held,
+                 "already_off": False}
+            )
+        elif before < floor <= after:
+            if _config_at(run, start, settings.configured_k) != OFF:
+                recoveries.append({"at_s": start, "reenable_s": None, "already_on": True})
+                continue
+            change = next(
+                (c for c in run.changes if start <= c.time < end and c.from_config == OFF), None
+            )
+            recoveries.append({"at_s": start, "reenable_s": None if change is None else change.time - start,
+                               "already_on": False})
+    settle = (
+        settings.warmup_s + settings.window_s + scenario.params.replicas * scenario.params.rollout_s
+        + 2 * settings.evaluation_interval_s
+    )
+    stationary = exploration = 0
+    previous: Change | None = None
+    for change in run.changes:
+        index = scenario.phase_index_at(change.time)
+        probing = change.rule in pol.PROBE_RULES or (
+            previous is not None and previous.rule is pol.Rule.REPROBE
+            and change.to_config < change.from_config
+        )
+        if change.time - phases[index].at >= settle:
+            if probing:
+                exploration += 1
+            else:
+                stationary += 1
+        previous = change
+    return {
+        "collapses": collapses,
+        "recoveries": recoveries,
+        "stationary_changes": stationary,
+        "exploration_changes": exploration,
+        "settle_s": settle,
+        "metrics_unavailable_evaluations": run.metrics_unavailable,
+    }
+
+
+def _phase_figures(
+    scenario: Scenario, by_strategy: dict[str, list[engine.Segment]]
+) -> list[dict[str, Any]]:
+    out = []
+    for i, (start, end, phase) in enumerate(scenario.phase_spans()):
+        row: dict[str, Any] = {
+            "index": i, "start_s": start, "end_s": end,
+            "request_rate": phase.request_rate, "acceptance": phase.acceptance,
+            "temperature": phase.temperature, "strategies": {},
+        }
+        for name, segments in by_strategy.items():
+            segs = [s for s in segments if s.phase_index == i]
+            if not segs:
+                continue
+            f = figures(segs, 0)
+            configs: dict[int, float] = {}
+            for s in segs:
+                configs[s.config] = configs.get(s.config, 0.0) + s.duration
+            row["strategies"][name] = {
+                "config": strategy_name(max(configs, key=configs.get)),
+                "goodput_tokens_per_s": f.goodput_tokens_per_s,
+                "e2e_mean_s": f.e2e_mean_s, "e2e_p95_s": f.e2e_p95_s,
+                "tpot_mean_s": f.tpot_mean_s, "tpot_p95_s": f.tpot_p95_s,
+                "slo_violation_min": f.slo_violation_min,
+            }
+        out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    """What the policy is measured against in one scenario: every static choice and the
+    oracle, all starting at the declared config."""
+
+    evaluator: engine.SegmentEvaluator
+    configs: tuple[int, ...]
+    declared: int
+    statics: dict[int, list[engine.Segment]]
+    oracle: engine.OraclePlan
+    family: tuple[perfmodel.Schedule, ...] = ()
+    schedule_statics: dict[perfmodel.Schedule, list[engine.Segment]] = field(default_factory=dict)
+    oracle_schedules: engine.OraclePlan | None = None
+    """The oracle over the configs and the family (None: not computed)."""
+
+    def figures(self) -> dict[str, Figures]:
+        """Unscored figures of every static choice and of the oracle, by strategy name."""
+        out = {
+            strategy_name(c): figures(self.statics[c], 0 if c == self.declared else 1)
+            for c in self.configs
+        }
+        out[ORACLE] = figures(list(self.oracle.segments), self.oracle.changes)
+        return out
+
+    def schedule_figures(self) -> dict[str, Figures]:
+        """Unscored figures of each static schedule and of the oracle with schedules."""
+        out = {strategy_name(s): figures(segs, 1) for s, segs in self.schedule_statics.items()}
+        plan = self.oracle_schedules or self.oracle
+        out[ORACLE_SCHEDULES] = figures(list(plan.segments), plan.changes)
+        return out
+
+
+def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
+    """Every static choice and the oracle; with ``schedules`` also the scenario's schedule
+    family, each as a static choice, and the oracle that may choose them."""
+    params = scenario.params
+    evaluator = engine.SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+    configs = engine.configs_of(params)
+    declared = declared_config(params)
+    statics = {
+        c: engine.evaluate_schedule(
+            scenario, evaluator, engine.static_schedule(c, params.replicas, declared, params.rollout_s)
+        )
+        for c in configs
+    }
+    oracle = engine.phase_oracle(scenario, evaluator, configs, declared, statics)
+    if not schedules:
+        return Yardstick(evaluator, configs, declared, statics, oracle)
+    family = engine.schedule_family(scenario, declared)
+    schedule_statics = {
+        s: engine.evaluate_schedule(
+            scenario, evaluator, engine.static_schedule(s, params.replicas, declared, params.rollout_s)
+        )
+        for s in family
+    }
+    oracle_schedules = oracle
+    if family:
+        plan = engine.phase_oracle(
+            scenario, evaluator, (*configs, *family), declared, {**statics, **schedule_statics}
+        )
+        # Its DP ranks paths against its own candidates: keep the K-only plan when that one
+        # scores better against the best of everything (the oracle with more choices must
+        # not score below the oracle with fewer).
+        everything = [engine.Axes.of(segs) for segs in (*statics.values(), *schedule_statics.values())]
+        everything += [engine.Axes.of(plan.segments), engine.Axes.of(oracle.segments)]
+        best = engine.best_axes(everything)
+        if engine.headline(engine.Axes.of(plan.segments), best)[0] >= engine.headline(
+            engine.Axes.of(oracle.segments), best
+        )[0]:
+            oracle_schedules = plan
+    return Yardstick(evaluator, configs, declared, statics, oracle, family, schedule_statics,
+                     oracle_schedules)
+
+
+def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
+    """Every strategy scored against the best goodput and the best latency among the oracle
+    and every static choice (the policy's own figures never set a denominator)."""
+    best = engine.best_axes(f.axes for name, f in raw.items() if name != POLICY)
+    return {name: f.with_ratios(best) for name, f in raw.items()}
+
+
+def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
+    raw = {POLICY: policy_figures, **measure.figures(), **measure.schedule_figures()}
+    strategies = scored(raw)
+    names = [strategy_name(s) for s in measure.family]
+    best = max(names, key=lambda n: (strategies[n].score, -names.index(n))) if names else ""
+    plan = measure.oracle_schedules or measure.oracle
+    return ScheduleView(
+        family=tuple(names),
+        strategies=strategies,
+        best_static_schedule=best,
+        oracle_source=plan.source,
+        oracle_plan=tuple(strategy_name(c) for c in plan.configs),
+    )
+
+
+def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
+    """Every strategy on one scenario file: the policy, every static choice, the oracle
+    (and, with ``schedules``, the schedule family, each static, and the oracle with it)."""
+    started = time.perf_counter()
+    scenario = load_scenario(path)
+    measure = yardstick(scenario, schedules)
+    evaluator, configs, declared = measure.evaluator, measure.configs, measure.declared
+    statics, oracle = measure.statics, measure.oracle
+    settings = policy_settings(scenario)
+    run = run_policy(scenario, settings)
+    policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
+
+    policy_figures = figures(policy_segments, len(run.changes))
+    strategies = scored({POLICY: policy_figures, **measure.figures()})
+    static_names = [strategy_name(c) for c in configs]
+    best_static = max(static_names, key=lambda n: (strategies[n].score, -static_names.index(n)))
+
+    by_strategy = {POLICY: policy_segments, ORACLE: list(oracle.segments)}
+    by_strategy.update((strategy_name(c), statics[c]) for c in configs)
+    timelines = {
+        name: [(s.start, s.end, s.config, s.goodput_tokens_per_s, s.e2e_p95_s) for s in segs]
+        for name, segs in ((POLICY, policy_segments), (ORACLE, list(oracle.segments)))
+    }
+    truth = [
+        (s.start, s.end, s.workload.request_rate, _effective_alpha(scenario, s.workload))
+        for s in statics[OFF]
+    ]
+    return ScenarioResult(
+        name=scenario.name,
+        description=scenario.description,
+        path=str(path),
+        duration_s=scenario.duration,
+        method=scenario.method,
+        slo={"p95_e2e_s": scenario.slo.p95_e2e_s, "p95_tpot_s": scenario.slo.p95_tpot_s},
+        strategies=strategies,
+        phases=_phase_figures(scenario, by_strategy),
+        events=_events(scenario, settings, run),
+        timelines=timelines,
+        truth=truth,
+        changes=run.changes,
+        alpha_trace=run.alpha_trace,
+        oracle_source=oracle.source,
+        elapsed_s=time.perf_counter() - started,
+        evaluations=evaluator.evaluations,
+        rules=run.rules,
+        best_static=best_static,
+        day_long_stationary=is_day_long_stationary(scenario),
+        schedules=_schedule_view(measure, policy_figures) if schedules else None,
+    )

@@ -1,0 +1,293 @@
+"""Running a suite of scenarios in parallel, and the summary against the issue's targets."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from specdecode.tools.bench.run import ORACLE, ORACLE_SCHEDULES, POLICY, ScenarioResult, run_scenario
+from specdecode.policy import Held
+
+TARGET_MEAN = 0.97
+TARGET_WORST = 0.93
+TARGET_MARGIN_OVER_STATIC = 0.04
+TARGET_EXTRA_RESTARTS = 2
+TARGET_FALLBACK_INTERVALS = 3.0
+
+
+def run_suite(
+    paths: Sequence[str | Path],
+    jobs: int | None = None,
+    on_done: Callable[[ScenarioResult], None] | None = None,
+) -> list[ScenarioResult]:
+    """Run every scenario, ``jobs`` at a time (default: the CPUs), results in input order.
+
+    Scenarios are independent and deterministic, so the parallel run gives the same numbers
+    as a serial one.
+    """
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    paths = [str(p) for p in paths]
+    if jobs == 1 or len(paths) == 1:
+        results = []
+        for path in paths:
+            result = run_scenario(path)
+            if on_done:
+                on_done(result)
+            results.append(result)
+        return results
+    # Longest scenarios first keeps both workers busy until the end.
+    order = sorted(range(len(paths)), key=lambda i: -_cost_hint(paths[i]))
+    results: dict[int, ScenarioResult] = {}
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_scenario, paths[i]): i for i in order}
+        for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_done:
+                on_done(result)
+    return [results[i] for i in range(len(paths))]
+
+
+def _cost_hint(path: str) -> float:
+    try:
+        from specdecode.tools.scenario import load_scenario
+
+        scenario = load_scenario(path)
+    except Exception:  # noqa: BLE001 - the real run reports the error
+        return 0.0
+    noise = scenario.noise
+    periods = scenario.duration / noise.period if noise.wanders else len(scenario.phases)
+    return scenario.duration + 30.0 * periods
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    met: bool
+    detail: str
+
+
+def static_names(results: Sequence[ScenarioResult]) -> list[str]:
+    """The static choices every result has (off and each K within bounds), in order."""
+    if not results:
+        return []
+    common = [n for n in results[0].strategies if n not in (POLICY, ORACLE)]
+    return [n for n in common if all(n in r.strategies for r in results)]
+
+
+def summarize(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """Suite-level figures and the benchmark issue's targets, met or falling short."""
+    scores = {r.name: r.strategies[POLICY].score for r in results}
+    mean = math.fsum(scores.values()) / len(scores) if scores else math.nan
+    worst_name = min(scores, key=scores.get) if scores else ""
+    worst = scores.get(worst_name, math.nan)
+    per_strategy: dict[str, float] = {}
+    worst_by_strategy: dict[str, float] = {}
+    for name in results[0].strategies if results else ():
+        values = [r.strategies[name].score for r in results if name in r.strategies]
+        per_strategy[name] = math.fsum(values) / len(values)
+        worst_by_strategy[name] = min(values)
+    statics = static_names(results)
+    single = max(statics, key=lambda n: per_strategy[n]) if statics else ""
+    single_mean = per_strategy.get(single, math.nan)
+    margins = {
+        r.name: {
+            "best_static": r.best_static,
+            "over_best_static": r.strategies[POLICY].score - r.strategies[r.best_static].score,
+            "over_best_single_static": (
+                r.strategies[POLICY].score - r.strategies[single].score if single else math.nan
+            ),
+        }
+        for r in results
+    }
+    restarts = [
+        (r.name, r.strategies[POLICY].changes, r.strategies[ORACLE].changes) for r in results
+    ]
+    day_long = [
+        (r.name, r.strategies[POLICY].changes, r.strategies[ORACLE].changes)
+        for r in results if r.day_long_stationary
+    ]
+    fallbacks = [
+        (r.name, c["fallback_intervals"], c.get("held"))
+        for r in results
+        for c in r.events["collapses"]
+        if not c.get("already_off")
+    ]
+    already_off = sum(1 for r in results for c in r.events["collapses"] if c.get("already_off"))
+    over_single = mean - single_mean
+    targets = [
+        Target(f"policy mean score >= {TARGET_MEAN}", mean >= TARGET_MEAN, f"{mean:.3f}"),
+        Target(f"policy worst score >= {TARGET_WORST}", worst >= TARGET_WORST,
+               f"{worst:.3f} ({worst_name})"),
+        Target(
+            f"policy mean >= best single static choice + {TARGET_MARGIN_OVER_STATIC}",
+            over_single >= TARGET_MARGIN_OVER_STATIC,
+            f"{mean:.3f} vs {single} {single_mean:.3f}: {over_single:+.3f}",
+        ),
+        Target(
+            f"restarts <= oracle's + {TARGET_EXTRA_RESTARTS} in every scenario",
+            all(p <= o + TARGET_EXTRA_RESTARTS for _, p, o in restarts),
+            ", ".join(f"{n}: {p} vs {o}" for n, p, o in restarts if p > o + TARGET_EXTRA_RESTARTS)
+            or "all",
+        ),
+        Target(
+            "changes on day-long stationary scenarios <= oracle's",
+            all(p <= o for _, p, o in day_long),
+            ", ".join(f"{n}: {p} vs {o}" for n, p, o in day_long) or "no day-long scenario in this run",
+        ),
+        Target(
+            f"fallback within {TARGET_FALLBACK_INTERVALS:g} evaluation intervals of a visible collapse",
+            all(i is not None and i <= TARGET_FALLBACK_INTERVALS for _, i, _ in fallbacks),
+            (_fallback_detail(fallbacks) or "no collapse met with speculation on")
+            + (f"; {already_off} collapse(s) met with speculation already off" if already_off else ""),
+        ),
+    ]
+    return {
+        "scenarios": len(results),
+        "policy_mean_score": mean,
+        "policy_worst_score": worst,
+        "policy_worst_scenario": worst_name,
+        "mean_score_by_strategy": per_strategy,
+        "worst_score_by_strategy": worst_by_strategy,
+        "best_single_static": single,
+        "best_single_static_mean_score": single_mean,
+        "policy_margin_over_best_single_static": over_single,
+        "policy_margins": margins,
+        "day_long_stationary_changes": {n: {"policy": p, "oracle": o} for n, p, o in day_long},
+        "overall": overall(results),
+        "schedules": schedules_summary(results),
+        "targets": [t.__dict__ for t in targets],
+        "elapsed_s_sum": math.fsum(r.elapsed_s for r in results),
+    }
+
+
+def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """With per-batch-size schedules in the yardstick: per scenario the scores (against the
+    best of everything, schedules included) of the policy, the oracle without and with
+    schedules and the best static schedule, their restarts, and the suite's means; the
+    gain of the oracle with schedules over the one without is what schedules could give."""
+    views = [(r, r.schedules) for r in results if r.schedules is not None]
+    if not views:
+        return {}
+    rows = {}
+    for r, v in views:
+        best = v.strategies.get(v.best_static_schedule) if v.best_static_schedule else None
+        best_k = v.strategies[r.best_static]
+        rows[r.name] = {
+            "family": list(v.family),
+            "policy": v.strategies[POLICY].score,
+            "oracle": v.strategies[ORACLE].score,
+            "oracle_schedules": v.strategies[ORACLE_SCHEDULES].score,
+            "best_static": r.best_static,
+            "best_static_score": best_k.score,
+            "best_static_schedule": v.best_static_schedule,
+            "best_static_schedule_score": best.score if best else None,
+            "restarts": {
+                "policy": v.strategies[POLICY].changes,
+                "oracle": v.strategies[ORACLE].changes,
+                "oracle_schedules": v.strategies[ORACLE_SCHEDULES].changes,
+            },
+            "oracle_schedules_plan": list(v.oracle_plan),
+            "oracle_schedules_source": v.oracle_source,
+        }
+
+    def mean(key: str) -> float:
+        return math.fsum(row[key] for row in rows.values()) / len(rows)
+
+    return {
+        "scenarios": rows,
+        "mean": {key: mean(key) for key in ("policy", "oracle", "oracle_schedules", "best_static_score")},
+        "oracle_schedules_gain": mean("oracle_schedules") - mean("oracle"),
+        "scenarios_with_a_family": sum(1 for row in rows.values() if row["family"]),
+        "scenarios_where_the_oracle_runs_a_schedule": sorted(
+            name for name, row in rows.items() if any(c.startswith("sched[") for c in row["oracle_schedules_plan"])
+        ),
+    }
+
+
+def policy_events(result: ScenarioResult) -> dict[str, Any]:
+    """The policy's event figures of one scenario: the slowest fallback after a collapse met
+    with speculation on and the slowest re-enable after a recovery met with it off (None:
+    none happened; inf: one never came), changes in stationary phases, exploration."""
+    events = result.events
+
+    def slowest(items: list[dict[str, Any]], key: str, skip: str) -> float | None:
+        relevant = [c for c in items if not c.get(skip)]
+        if not relevant:
+            return None
+        return max(math.inf if c[key] is None else c[key] for c in relevant)
+
+    return {
+        "collapses": len(events["collapses"]),
+        "collapses_already_off": sum(1 for c in events["collapses"] if c.get("already_off")),
+        "fallback_s_max": slowest(events["collapses"], "fallback_s", "already_off"),
+        "fallback_intervals_max": slowest(events["collapses"], "fallback_intervals", "already_off"),
+        "recoveries": len(events["recoveries"]),
+        "reenable_s_max": slowest(events["recoveries"], "reenable_s", "already_on"),
+        "stationary_changes": events["stationary_changes"],
+        "exploration_changes": events["exploration_changes"],
+    }
+
+
+def overall(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """Suite-level figures: per strategy the mean ratios to the oracle and the total
+    SLO-violation minutes and restarts; the policy's events summed or at their worst."""
+    strategies: dict[str, dict[str, float]] = {}
+    for name in results[0].strategies if results else ():
+        figs = [r.strategies[name] for r in results if name in r.strategies]
+        strategies[name] = {
+            "mean_score": math.fsum(f.score for f in figs) / len(figs),
+            "mean_goodput_ratio": math.fsum(f.goodput_ratio for f in figs) / len(figs),
+            "mean_latency_ratio": math.fsum(f.latency_ratio for f in figs) / len(figs),
+            "slo_violation_min": math.fsum(f.slo_violation_min for f in figs),
+            "restarts": sum(f.changes for f in figs),
+        }
+    events = [policy_events(r) for r in results]
+
+    def worst(key: str) -> float | None:
+        values = [e[key] for e in events if e[key] is not None]
+        return max(values) if values else None
+
+    return {
+        "strategies": strategies,
+        "policy_events": {
+            "collapses": sum(e["collapses"] for e in events),
+            "collapses_already_off": sum(e["collapses_already_off"] for e in events),
+            "fallback_s_max": worst("fallback_s_max"),
+            "fallback_intervals_max": worst("fallback_intervals_max"),
+            "recoveries": sum(e["recoveries"] for e in events),
+            "reenable_s_max": worst("reenable_s_max"),
+            "stationary_changes": sum(e["stationary_changes"] for e in events),
+            "exploration_changes": sum(e["exploration_changes"] for e in events),
+        },
+    }
+
+
+_HELD_WHY = {
+    Held.OVERLOAD: "the rollout would overload the replicas left serving",
+    Held.PRICE: "restart judged not to pay",
+    Held.COOLDOWN: "cooldown",
+    Held.BUDGET: "change budget spent",
+}
+
+
+def _fallback_detail(fallbacks: list[tuple[str, float | None, dict[str, str] | None]]) -> str:
+    """'collapse-recovery: 0.8; bursty-ngram: never x7 (held: restart judged not to pay)'."""
+    parts: list[str] = []
+    by_scenario: dict[str, list[tuple[float | None, dict[str, str] | None]]] = {}
+    for name, intervals, held in fallbacks:
+        by_scenario.setdefault(name, []).append((intervals, held))
+    for name, items in by_scenario.items():
+        times = [f"{i:.1f}" for i, _ in items if i is not None]
+        never = [h for i, h in items if i is None]
+        text = ", ".join(times)
+        if never:
+            why = sorted({_HELD_WHY.get(h["by"], h["by"]) for h in never if h})
+            suffix = f" (held: {'; '.join(why)})" if why else ""
+            text = (text + ", " if text else "") + f"never x{len(never)}{suffix}"
+        parts.append(f"{name}: {text}")
+    return "; ".join(parts)
