@@ -103,7 +103,7 @@ def _service_body():
 
 
 def test_a_new_service_is_applied_without_reading_its_children():
-    from specdecode.controller import Children, Controller
+    from specdecode.shell.controller import Children, Controller
 
     kube = _RecordingKube(_service_body())
     assert Controller(kube).reconcile("ns", "svc", Children.new_service()) == "ok"
@@ -114,7 +114,7 @@ def test_a_new_service_is_applied_without_reading_its_children():
 
 
 def test_a_deployment_event_reads_the_deployment_alone_and_a_full_pass_everything():
-    from specdecode.controller import Children, Controller
+    from specdecode.shell.controller import Children, Controller
 
     kube = _RecordingKube(_service_body())
     controller = Controller(kube)
@@ -130,7 +130,7 @@ def test_a_deployment_event_reads_the_deployment_alone_and_a_full_pass_everythin
 
 
 def test_a_deployment_event_after_a_failed_apply_looks_at_every_child():
-    from specdecode.controller import Children, Controller
+    from specdecode.shell.controller import Children, Controller
 
     kube = _RecordingKube(_service_body(), degraded_apply=True)
     Controller(kube).reconcile("ns", "svc", Children.deployment())
