@@ -32,10 +32,14 @@ class MemoryKube:
     def __init__(self) -> None:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.writes = Writes()
-        self.reads = 0
+        self.read_log: list[tuple[str, str]] = []  # (verb, kind) of every read, in order
         self._version = 0
 
     # ----------------------------------------------------------------------------- test setup
+
+    @property
+    def reads(self) -> int:
+        return len(self.read_log)
 
     def _next_version(self) -> str:
         self._version += 1
@@ -70,12 +74,12 @@ class MemoryKube:
     # ---------------------------------------------------------------------------- Kube's API
 
     def get(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> Optional[dict[str, Any]]:
-        self.reads += 1
+        self.read_log.append(("get", kind))
         obj = self.objects.get((api_version, kind, namespace or "", name))
         return copy.deepcopy(obj) if obj is not None else None
 
     def list(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "") -> list[dict[str, Any]]:
-        self.reads += 1
+        self.read_log.append(("list", kind))
         wanted = dict(term.split("=", 1) for term in label_selector.split(",") if term)
         return [copy.deepcopy(obj) for (v, k, ns, _), obj in self.objects.items()
                 if (v, k, ns) == (api_version, kind, namespace)

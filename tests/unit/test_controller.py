@@ -160,3 +160,42 @@ def test_a_deleted_service_loses_its_operator_metrics():
     other = {"namespace": "team-a", "specdecode_service": "other", "action": "disable", "mode": "Auto"}
     assert REGISTRY.get_sample_value("specdecode_decisions_total", other) == 1
     instrumentation.forget_service("team-a", "other")
+
+
+# ------------------------------------------------------- the calls each kind of pass makes
+
+
+def test_a_new_service_is_applied_without_reading_its_children():
+    from specdecode.shell.controller import Children
+
+    kube = MemoryKube()
+    kube.create_service(SPEC)
+    assert _controller(kube).reconcile("team-a", "llama", Children.new_service()) == "ok"
+    assert kube.read_log == [("get", C.KIND)]  # no child read, no pod list, no stale check
+    assert {"Deployment", "Service"} <= set(kube.writes.applied)
+    assert kube.writes.status and kube.writes.events[0][1] == C.EVENT_APPLIED
+
+
+def test_a_deployment_event_reads_the_deployment_alone_and_a_full_pass_everything():
+    from specdecode.shell.controller import Children
+
+    kube, controller = _reconciled()
+    kube.read_log.clear()
+    applied_before = len(kube.writes.applied)
+    controller.reconcile("team-a", "llama", Children.deployment())
+    assert [r for r in kube.read_log if r[0] == "get"] == [("get", C.KIND), ("get", "Deployment")]
+    assert len(kube.writes.applied) == applied_before
+    kube.read_log.clear()
+    controller.reconcile("team-a", "llama")
+    assert {("get", "Deployment"), ("get", "Service"), ("get", "PodDisruptionBudget")} <= set(kube.read_log)
+
+
+def test_a_deployment_event_after_a_failed_apply_looks_at_every_child():
+    from specdecode.shell.controller import Children
+
+    kube = MemoryKube()
+    kube.create_service(SPEC, status={"conditions": [{
+        "type": "Degraded", "status": "True", "reason": C.REASON_APPLY_FAILED, "message": "x",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
+    _controller(kube).reconcile("team-a", "llama", Children.deployment())
+    assert ("get", "Service") in kube.read_log

@@ -4,6 +4,9 @@ API is the in-memory stand-in (tests/unit/memory_kube.py); kopf itself runs in t
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import copy
 import logging
 
@@ -112,10 +115,11 @@ class _Raising:
     """An evaluator that fails as the API can make it fail, and notes what it was given."""
 
     def __init__(self, error):
-        self.error, self.calls = error, []
+        self.error, self.calls, self.threads = error, [], []
 
     def evaluate_if_due(self, body, memory):
         self.calls.append((body, memory))
+        self.threads.append(threading.current_thread().name)
         if self.error:
             raise self.error
 
@@ -128,7 +132,7 @@ def test_a_failed_evaluation_is_retried_by_kopf(error, delay, message):
     obj = _per_object(_started(MemoryKube()))
     obj.evaluator = _Raising(error)
     with pytest.raises(kopf.TemporaryError, match=message) as raised:
-        handlers.sds_evaluate(body={"metadata": {}}, memo=obj, retry=0)
+        asyncio.run(handlers.sds_evaluate(body={"metadata": {}}, memo=obj, retry=0))
     assert delay is None or raised.value.delay == delay
 
 
@@ -137,6 +141,8 @@ def test_each_tick_evaluates_the_object_kopf_passes_with_the_objects_own_memory(
     evaluator = obj.evaluator = _Raising(None)
     bodies = [{"metadata": {"generation": 1}}, {"metadata": {"generation": 2}}]
     for body in bodies:
-        handlers.sds_evaluate(body=body, memo=obj, retry=0)
+        asyncio.run(handlers.sds_evaluate(body=body, memo=obj, retry=0))
+    # in the evaluations' own threads, not kopf's (waiting evaluations held all of kopf's)
     assert [b for b, _ in evaluator.calls] == bodies
+    assert all(name.startswith("evaluate") for name in evaluator.threads)
     assert evaluator.calls[0][1] is evaluator.calls[1][1] is obj.service

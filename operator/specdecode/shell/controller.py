@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -44,6 +45,43 @@ def _resource_version(obj: Optional[dict[str, Any]]) -> Optional[str]:
 
 def _object_key(obj: dict[str, Any]) -> tuple[str, str, str]:
     return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+@dataclass(frozen=True)
+class Children:
+    """Which of a service's children a pass reads (the API traffic of a fleet is mostly these
+    reads). Every child by default, with the check for stale ones. `only`: these kinds and the
+    Deployment (status reports its rollout), no stale check: a Deployment event says nothing
+    about the Service. `new`: a service just created, whose children are taken as absent:
+    applied without a read, and none can be stale.
+
+    A child read is never replaced by the object of its watch event: an event that waited in
+    kopf's queue may predate a newer state and would turn Serving back into Progressing."""
+
+    only: Optional[frozenset[str]] = None
+    new: bool = False
+
+    @classmethod
+    def new_service(cls) -> "Children":
+        return cls(new=True)
+
+    @classmethod
+    def deployment(cls) -> "Children":
+        return cls(only=frozenset({"Deployment"}))
+
+
+EVERYTHING = Children()
+
+
+def _apply_failed(body: dict[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == C.COND_DEGRADED and c.get("reason") == C.REASON_APPLY_FAILED for c in conditions)
+
+
+def _has_pods(deployment: Optional[dict[str, Any]]) -> bool:
+    """Whether the Deployment has pods (its controller counts them in status): a new one has
+    none yet, so there is no pod to list for a start-up failure."""
+    return bool(((deployment or {}).get("status") or {}).get("replicas"))
 
 
 def check_replicas(spec: api.SpecDecodeServiceSpec, limit: Optional[int]) -> None:
@@ -80,16 +118,20 @@ class Controller:
 
     # ------------------------------------------------------------------------------ reconcile
 
-    def reconcile(self, namespace: str, name: str) -> str:
+    def reconcile(self, namespace: str, name: str, children: Children = EVERYTHING) -> str:
         """One pass; returns its outcome: ok, error (a child could not be written: retry),
-        invalid_spec (waits for a spec change) or gone."""
+        invalid_spec (waits for a spec change) or gone. `children`: which to read (default:
+        every one)."""
         with self.lock_for(namespace, name):
             body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 instrumentation.forget_service(namespace, name)
                 return "gone"
+            if children.only is not None and _apply_failed(body):
+                # A partial pass cannot tell whether the failed child is repaired now: look at all.
+                children = EVERYTHING
             try:
-                result = self._reconcile(body)
+                result = self._reconcile(body, children)
             except Exception:
                 instrumentation.RECONCILES.labels("error").inc()
                 instrumentation.ERRORS.labels("reconcile").inc()
@@ -97,7 +139,7 @@ class Controller:
             instrumentation.RECONCILES.labels(result).inc()
             return result
 
-    def _reconcile(self, body: dict[str, Any]) -> str:
+    def _reconcile(self, body: dict[str, Any], children: Children = EVERYTHING) -> str:
         now = self.clock()
         meta = body["metadata"]
         generation = meta.get("generation")
@@ -125,7 +167,7 @@ class Controller:
             return "invalid_spec"
 
         spec = service.spec
-        deployment, applied, apply_error = self._apply_children(objects, service, body, now)
+        deployment, applied, apply_error = self._apply_children(objects, service, body, now, children)
         if "Deployment" in applied:
             crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
         config = render.config_hash(spec, choice)
@@ -147,7 +189,7 @@ class Controller:
             new = new.model_copy(update={"conditions": conditions})
         events: list[tuple[str, str, str]] = []
         rerender = False
-        if not outcome.rollout.live:
+        if not outcome.rollout.live and _has_pods(deployment):
             found = self._startup_failure(service, choice, config, now)
             if found is not None:
                 result = fallback.apply_startup_failure(new, spec, choice, config, *found, generation, now)
@@ -198,11 +240,12 @@ class Controller:
         return first, failures.diagnose_pod_failure(first, log_text, speculation)
 
     def _apply_children(
-        self, objects: list[dict[str, Any]], service: api.SpecDecodeService, body: dict[str, Any], now: datetime
+        self, objects: list[dict[str, Any]], service: api.SpecDecodeService, body: dict[str, Any], now: datetime,
+        children: Children = EVERYTHING,
     ) -> tuple[Optional[dict[str, Any]], list[str], Optional[str]]:
         """Apply each rendered object that is missing, was rendered differently (the hash
         annotation) or lacks some of what we render (content drift, whoever caused it); delete
-        stale ones. One child failing does not stop the others.
+        stale ones. One child failing does not stop the others. `children`: which to read.
 
         Returns the live Deployment, the kinds written, and the errors of the writes that failed.
         """
@@ -211,9 +254,12 @@ class Controller:
         deployment: Optional[dict[str, Any]] = None
         for obj in objects:
             kind = obj["kind"]
+            if children.only is not None and kind not in children.only and kind != "Deployment":
+                continue
             live: Optional[dict[str, Any]] = None
             try:
-                live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
+                if not children.new:
+                    live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
                 if self._needs_apply(obj, live):
                     result = self._apply_one(obj, live, body, now)
                     if live is None or _resource_version(result) != _resource_version(live):
@@ -228,6 +274,13 @@ class Controller:
                 errors.append(f"applying {kind} failed: {_api_error_message(err)}")
             if kind == "Deployment":
                 deployment = live
+        if children.only is None and not children.new:
+            self._delete_stale(objects, service, applied, errors)
+        return deployment, applied, "; ".join(errors) or None
+
+    def _delete_stale(self, objects: list[dict[str, Any]], service: api.SpecDecodeService, applied: list[str],
+                      errors: list[str]) -> None:
+        """Server-side apply never deletes: delete the optional children no longer rendered."""
         rendered_kinds = {o["kind"] for o in objects}
         for api_version, kind in (("policy/v1", "PodDisruptionBudget"), (render.PODMONITOR_API_VERSION, "PodMonitor")):
             try:
@@ -241,7 +294,6 @@ class Controller:
             except ApiException as err:
                 instrumentation.ERRORS.labels("apply").inc()
                 errors.append(f"deleting {kind} failed: {_api_error_message(err)}")
-        return deployment, applied, "; ".join(errors) or None
 
     def _needs_apply(self, obj: dict[str, Any], live: Optional[dict[str, Any]]) -> bool:
         if live is None:

@@ -8,6 +8,11 @@ controller, evaluator and its single-flight Prometheus cache) lives in kopf's me
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import json
 import logging
@@ -23,13 +28,19 @@ from kubernetes.client.exceptions import ApiException
 from .. import constants as C
 from . import instrumentation
 from . import settings as settings_module
-from .controller import Controller
+from .controller import EVERYTHING, Children, Controller
 from .evaluator import Evaluator, ServiceMemory
 from .kube import Conflict, Kube, load_config
 from .settings import OperatorSettings
 
 RESOURCE = (C.GROUP, C.VERSION, C.PLURAL)
 OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
+# Threads for the reconciles (kopf's executor) and, apart, for the evaluations: an evaluation
+# waits for the tick's one Prometheus read, and in kopf's shared pool (6 threads on 2 cores)
+# the waiting evaluations of a large fleet held every thread, so new services and rollouts
+# waited minutes for a reconcile. Bounded both: more threads only queue at the API server.
+RECONCILE_WORKERS = 8
+EVALUATION_WORKERS = 4
 
 
 def _kube_from_config() -> Kube:
@@ -46,6 +57,7 @@ class Memo:
     kube_factory: Callable[[], Kube] = _kube_from_config
     controller: Optional[Controller] = None
     evaluator: Optional[Evaluator] = None
+    evaluation_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
     service: Optional[ServiceMemory] = None
 
     def start(self) -> None:
@@ -55,6 +67,7 @@ class Memo:
         self.controller = Controller(kube, logger=logging.getLogger("specdecode.shell.controller"),
                                      model_cache_root=cache_root, max_replicas=self.settings.max_replicas)
         self.evaluator = Evaluator(kube, self.controller, self.settings)
+        self.evaluation_pool = concurrent.futures.ThreadPoolExecutor(EVALUATION_WORKERS, thread_name_prefix="evaluate")
 
     def running(self) -> tuple[Controller, Evaluator]:
         if self.controller is None or self.evaluator is None:
@@ -80,9 +93,24 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return {"digest": hashlib.sha256(text.encode()).hexdigest()}
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own heap (up to 8 per core), and each keeps
+    what it once held: with the reconcile, evaluation and Prometheus threads of a large fleet
+    that was tens of MB of RSS. Two heaps are enough for a process that holds the GIL anyway
+    (what MALLOC_ARENA_MAX=2 does, set here because the image's environment is not ours)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(-8, arenas)  # M_ARENA_MAX
+    except OSError:
+        pass  # not glibc (musl has one heap): nothing to limit
+
+
 def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: logging.Logger, **_: Any) -> None:
-    """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level;
-    then build the operator's state in the memo."""
+    """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level,
+    the reconciles' threads; then build the operator's state in the memo."""
+    _limit_malloc_arenas()
     ours = memo.settings
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(
@@ -91,6 +119,7 @@ def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: loggin
     settings.persistence.finalizer = C.KOPF_FINALIZER
     # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
     settings.posting.level = logging.WARNING
+    settings.execution.max_workers = RECONCILE_WORKERS
     settings.peering.name = ours.peering_name
     settings.peering.clusterwide = not ours.namespaces
     settings.peering.mandatory = not ours.standalone
@@ -114,13 +143,13 @@ def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: loggin
 TRANSIENT_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
-def _reconcile(memo: Memo, namespace: str, name: str, retry: int) -> None:
+def _reconcile(memo: Memo, namespace: str, name: str, retry: int, children: Children = EVERYTHING) -> None:
     """Reconcile; a failure is retried soon with a growing delay (kopf.TemporaryError), not
     after kopf's default minute, and said in one WARNING line (kopf also posts it as an Event)."""
     delay = settings_module.retry_delay(retry)
     controller, _ = memo.running()
     try:
-        result = controller.reconcile(namespace, name)
+        result = controller.reconcile(namespace, name, children)
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -147,6 +176,12 @@ def _describe(err: BaseException) -> str:
 UNEXPECTED_ERROR_BACKOFF_S = 10
 
 
+def sds_create(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
+    """A new service: apply its children without reading them first (there are none yet; a
+    retry reads them)."""
+    _reconcile(memo, namespace, name, retry, Children.new_service() if retry == 0 else EVERYTHING)
+
+
 def sds_reconcile(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """Render and apply the service's children; report the rollout in status."""
     _reconcile(memo, namespace, name, retry)
@@ -158,12 +193,18 @@ def sds_timer(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> No
     _reconcile(memo, namespace, name, retry)
 
 
-def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> None:
+async def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> None:
     """Let the policy decide when the service's evaluationInterval has passed (one batched
-    Prometheus read per tick serves every service)."""
+    Prometheus read per tick serves every service), in the evaluations' own threads."""
     _, evaluator = memo.running()
+    service = memo.service_memory()
+    await asyncio.get_running_loop().run_in_executor(
+        memo.evaluation_pool, functools.partial(_evaluate, evaluator, body, service, retry))
+
+
+def _evaluate(evaluator: Evaluator, body: kopf.Body, service: ServiceMemory, retry: int) -> None:
     try:
-        evaluator.evaluate_if_due(body, memo.service_memory())
+        evaluator.evaluate_if_due(body, service)
     except Conflict as err:
         raise kopf.TemporaryError(str(err), delay=1) from None
     except TRANSIENT_ERRORS as err:
@@ -173,11 +214,12 @@ def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> None:
 
 
 def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Memo, **_: Any) -> None:
-    """A child Deployment changed (rollout progress) or vanished: reconcile its service."""
+    """A child Deployment changed (rollout progress) or vanished: reconcile its service's
+    Deployment and status (the other children did not change: the timer looks at them)."""
     owner = labels.get(C.LABEL_SERVICE)
     if owner and type in ("MODIFIED", "DELETED", None):
         try:
-            _reconcile(memo, namespace, owner, retry=0)
+            _reconcile(memo, namespace, owner, retry=0, children=Children.deployment())
         except kopf.TemporaryError as err:
             # Event handlers are not retried: the service's own handlers and timer repair it.
             logging.getLogger("specdecode.shell.handlers").warning("%s/%s: %s", namespace, owner, err)
@@ -190,7 +232,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kop
     # kubernetes client does (in the pod: its service account; else $KUBECONFIG), like `Kube`.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(operator_startup)
-    for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
+    kopf.on.create(*RESOURCE, registry=registry, backoff=UNEXPECTED_ERROR_BACKOFF_S)(sds_create)
+    for on in (kopf.on.update, kopf.on.resume):
         on(*RESOURCE, registry=registry, backoff=UNEXPECTED_ERROR_BACKOFF_S)(sds_reconcile)
     kopf.timer(*RESOURCE, registry=registry, interval=settings.reconcile_interval,
                initial_delay=settings.reconcile_interval)(sds_timer)

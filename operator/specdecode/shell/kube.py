@@ -127,14 +127,22 @@ class Kube:
             self._resource(api_version, kind)
             served = True
         except ResourceNotFoundError:
-            # Perhaps installed since discovery ran: discover again (under the lock).
+            # Perhaps installed since discovery ran: discover again (under the lock), once:
+            # the threads that found the same answer expired wait for the first one's.
             with self._discovery_lock:
+                with self._lock:
+                    cached = self._served.get(key)
+                    if cached and now - cached[1] < DISCOVERY_TTL_S:
+                        return cached[0]
                 self.dynamic.resources.invalidate_cache()
                 try:
                     self._resource(api_version, kind)
                     served = True
                 except ResourceNotFoundError:
                     served = False
+                with self._lock:
+                    self._served[key] = (served, now)
+                return served
         with self._lock:
             self._served[key] = (served, now)
         return served
