@@ -115,6 +115,27 @@ def test_one_read_per_tick_whatever_the_number_of_services():
     assert len(reader.reads) == 10
 
 
+def test_a_read_slower_than_a_tick_serves_the_tick_after_it_finished():
+    """A read of a large fleet takes longer than the tick: evaluations that come due just
+    after it finished use it instead of each starting another (one read every tick or so,
+    not one per handful of evaluations)."""
+    clock = {"now": T0.timestamp()}
+
+    def slow(scopes, at):
+        clock["now"] += 8.0  # the read takes 8 s of a 5 s tick
+        return metrics.MetricsSnapshot(evaluated_at=at, observations={}, queries=0)
+
+    reader = CountingReader(snapshot=slow)
+    ev = _evaluator(reader, clock=lambda: datetime.fromtimestamp(clock["now"], tz=timezone.utc))
+    scopes = _scopes(1)
+    ev._read(ACCESS, scopes, T0.timestamp())
+    for later in (0.5, 2.0, 4.5):  # due after the read finished at T0 + 8 s
+        ev._read(ACCESS, scopes, T0.timestamp() + 8.0 + later)
+    assert len(reader.reads) == 1
+    ev._read(ACCESS, scopes, T0.timestamp() + 8.0 + 5.0)
+    assert len(reader.reads) == 2
+
+
 def test_a_caller_with_a_new_scope_waits_then_reads_everything_once():
     gate = threading.Event()
     reader = CountingReader(gate=gate)

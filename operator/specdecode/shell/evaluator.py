@@ -40,6 +40,9 @@ ReaderFactory = Callable[[metrics.PrometheusAccess], metrics.PrometheusReader]
 @dataclass
 class _CachedRead:
     at: float
+    """When the read finished: a read of a large fleet takes longer than a tick, and dating
+    it by its start left it stale on arrival, so each read served only the evaluations that
+    had waited for it (15 a minute at 500 services)."""
     scopes: frozenset[metrics.QueryScope]
     result: metrics.ReadResult
 
@@ -231,7 +234,7 @@ class Evaluator:
         finally:
             with self._reads_lock:
                 if result is not None:
-                    self._reads[key] = _CachedRead(at, flight.scopes, result)
+                    self._reads[key] = _CachedRead(max(at, self.clock().timestamp()), flight.scopes, result)
                 del self._flights[key]
             flight.result = result
             flight.done.set()
