@@ -168,3 +168,20 @@ def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download(
     held = rules.decide(auto(max_surge=0, restart_s=downloading), on(3), both(load, 3), (), NOW)
     assert taken.action is policy.Action.SET_K and taken.k == 1
     assert held.action is policy.Action.HOLD and "slower than staying" in held.reason
+
+
+def test_acceptance_moving_within_sampling_noise_is_not_written_but_a_real_drop_is():
+    """A short window of a small service: alpha wanders by more than 0.02 with no change in
+    the service (no write); a collapse is written at once."""
+    from specdecode.control.evaluation import observations_moved
+
+    def window(alpha, drafts):
+        return api.Observations(config_hash="abc", alpha=alpha, recent_low_alpha=alpha, acceptance_rate=alpha * 0.8,
+                                drafts=drafts)
+
+    assert not observations_moved(window(0.80, 2000), window(0.77, 2000))
+    assert observations_moved(window(0.80, 2000), window(0.55, 2000))
+    # a long window of a busy service measures finely: the fixed delta decides
+    assert observations_moved(window(0.80, 2_000_000), window(0.77, 2_000_000))
+    # without a sample count, the fixed delta decides too
+    assert observations_moved(window(0.80, None), window(0.77, None))

@@ -19,8 +19,8 @@ from specdecode import timestamps
 from specdecode.control import state as cs
 from specdecode.control import status as st
 from specdecode.control.decision import Action, Decision
-from specdecode.control.estimates import PolicyObservations
-from specdecode.control.settings import PolicySettings
+from specdecode.control.estimates import PolicyObservations, binomial_stderr
+from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.step import step
 
 DEFAULT_RESTART_S = 180.0
@@ -179,6 +179,18 @@ def _material(status: api.SpecDecodeServiceStatus, rule_changed: bool) -> dict:
     return wire
 
 
+def _noise(stored: api.Observations, new: api.Observations, a: float, b: float) -> float:
+    """How far two windows' acceptance may differ by sampling alone (three standard errors of
+    the difference): a short window of a small service moves by more than the fixed delta
+    with no change in the service, and writing each such move cost ~0.4 status writes per
+    service and minute in a 500-service fleet with no decision to record."""
+    if not stored.drafts or not new.drafts:
+        return 0.0  # no sample count: the fixed delta alone
+    overdispersion = PolicyTuning().overdispersion
+    spread = binomial_stderr(a, stored.drafts or 0.0, overdispersion) ** 2 + binomial_stderr(b, new.drafts or 0.0, overdispersion) ** 2
+    return 3.0 * spread ** 0.5
+
+
 def observations_moved(stored: Optional[api.Observations], new: Optional[api.Observations]) -> bool:
     """A new measurement worth storing: the first of a config, or one that moved materially."""
     if new is None or stored is new:
@@ -188,7 +200,7 @@ def observations_moved(stored: Optional[api.Observations], new: Optional[api.Obs
     for field_name, delta in (("alpha", ALPHA_WRITE_DELTA), ("recent_low_alpha", ALPHA_WRITE_DELTA),
                               ("acceptance_rate", ACCEPTANCE_RATE_WRITE_DELTA)):
         a, b = getattr(stored, field_name), getattr(new, field_name)
-        if (a is None) != (b is None) or (a is not None and abs(a - b) >= delta):
+        if (a is None) != (b is None) or (a is not None and abs(a - b) >= max(delta, _noise(stored, new, a, b))):
             return True
     # Latency is not among them: P95 from histogram buckets jumps by a bucket from one window
     # to the next with no change in the service, and no decision reads it back from status
