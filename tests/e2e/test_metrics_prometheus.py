@@ -35,7 +35,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from specdecode import constants
 from specdecode.control import metrics, promql
-from specdecode.control.metrics import PrometheusAccess, PrometheusReader, QueryScope, RawSeries
+from specdecode.control.metrics import PrometheusAccess, QueryScope, RawSeries
+from specdecode.shell.prometheus import PrometheusReader
 from specdecode.tools.sim.exposition import exposition
 
 pytestmark = [

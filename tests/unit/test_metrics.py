@@ -14,12 +14,13 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from specdecode import constants
 from specdecode import metricnames as N
 from specdecode.control import metrics, promql
+from specdecode.shell import prometheus
+from specdecode.shell.prometheus import PrometheusReader
 from specdecode.control.metrics import (
     ConfigKey,
     MetricsSnapshot,
     MetricsUnavailable,
     PrometheusAccess,
-    PrometheusReader,
     QueryScope,
     RawSeries,
     SpeculationCounts,
@@ -489,11 +490,11 @@ class TestReader:
         access = PrometheusAccess(
             "https://prom/", bearer_token="t", ca_bundle=str(ca), headers={"X-A": "1"}, timeout_s=3
         )
-        client = metrics._default_connect(access)
+        client = prometheus._default_connect(access)
         assert client.url == "https://prom"
         assert client.headers == {"X-A": "1", "Authorization": "Bearer t"}
         assert client._session.verify == str(ca)
 
     def test_insecure_skip_verify(self):
-        client = metrics._default_connect(PrometheusAccess("https://prom", insecure_skip_verify=True))
+        client = prometheus._default_connect(PrometheusAccess("https://prom", insecure_skip_verify=True))
         assert client._session.verify is False

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import types
 from dataclasses import dataclass

@@ -32,9 +32,10 @@ from ..control.decision import Decision
 from ..control.settings import PolicySettings
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
+from .prometheus import PrometheusReader
 from .settings import OperatorSettings
 
-ReaderFactory = Callable[[metrics.PrometheusAccess], metrics.PrometheusReader]
+ReaderFactory = Callable[[metrics.PrometheusAccess], PrometheusReader]
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Evaluator:
         controller: Controller,
         settings: OperatorSettings,
         clock: Clock = utcnow,
-        reader_factory: ReaderFactory = metrics.PrometheusReader,
+        reader_factory: ReaderFactory = PrometheusReader,
     ):
         self.kube = kube
         self.controller = controller
