@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -243,3 +243,16 @@ def generated(strategy: Any, count: int) -> list[Any]:
 def generated_changes(count: int) -> list[dict[str, Any]]:
     """Whole-spec changes (every section optional, an unknown field now and then)."""
     return generated(SPEC_CHANGES, count)
+
+
+def walk_schema(node: Any, path: str = "$", items: str = "[]", values: str = "{}") -> Iterator[tuple[str, Any]]:
+    """Every node of an OpenAPI schema with its path (list items as ``items``, map values as
+    ``values``): what the CRD tests and the CEL agreement test walk."""
+    yield path, node
+    if isinstance(node, dict):
+        for key, child in node.get("properties", {}).items():
+            yield from walk_schema(child, f"{path}.{key}", items, values)
+        if isinstance(node.get("items"), dict):
+            yield from walk_schema(node["items"], f"{path}{items}", items, values)
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from walk_schema(node["additionalProperties"], f"{path}{values}", items, values)

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from specdecode import api
 from specdecode.crd import custom_resource_definition
 
-from ..spec_corpus import MINIMAL_SPEC, SECTIONS, generated
+from ..spec_corpus import MINIMAL_SPEC, SECTIONS, generated, walk_schema
 
 EXAMPLES_PER_RULE = 300
 
@@ -56,14 +56,9 @@ def spec_schema() -> dict[str, Any]:
 
 
 def crd_rules(schema: dict[str, Any], path: str = "spec") -> Iterator[CrdRule]:
-    for validation in schema.get("x-kubernetes-validations", []):
-        yield CrdRule(path, validation["rule"], validation.get("message", ""))
-    for name, child in schema.get("properties", {}).items():
-        yield from crd_rules(child, f"{path}.{name}")
-    if isinstance(schema.get("items"), dict):
-        yield from crd_rules(schema["items"], f"{path}[*]")
-    if isinstance(schema.get("additionalProperties"), dict):
-        yield from crd_rules(schema["additionalProperties"], f"{path}{{*}}")
+    for where, node in walk_schema(schema, path, items="[*]", values="{*}"):
+        for validation in node.get("x-kubernetes-validations", []):
+            yield CrdRule(where, validation["rule"], validation.get("message", ""))
 
 
 def with_defaults(schema: dict[str, Any], value: Any) -> Any:

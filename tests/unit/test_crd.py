@@ -8,6 +8,7 @@ import yaml
 from specdecode import constants as C
 from specdecode.crd import crd_yaml, custom_resource_definition
 
+from ..spec_corpus import walk_schema
 from .conftest import KUBERNETES_SCHEMA_VERSION, REPO
 
 CRD_FILE = REPO / "crds" / "specdecodeservices.yaml"
@@ -25,14 +26,7 @@ def _schema():
 
 
 def _walk(node, path="$"):
-    yield path, node
-    if isinstance(node, dict):
-        for key, child in node.get("properties", {}).items():
-            yield from _walk(child, f"{path}.{key}")
-        if isinstance(node.get("items"), dict):
-            yield from _walk(node["items"], f"{path}[]")
-        if isinstance(node.get("additionalProperties"), dict):
-            yield from _walk(node["additionalProperties"], f"{path}{{}}")
+    return walk_schema(node, path)
 
 
 def test_schema_is_structural():
