@@ -204,10 +204,6 @@ SECTIONS: dict[str, Any] = {
         "acceptanceFloor": st.floats(-0.5, 1.5, allow_nan=False),
         "maxChangesPerHour": st.integers(-1, 70),
         "slo": st.fixed_dictionaries({}, optional={"p95EndToEnd": DURATIONS, "p95TimePerOutputToken": DURATIONS}),
-        "experiments": st.fixed_dictionaries({}, optional={
-            "enabled": st.booleans(), "replicas": st.integers(0, 9), "maxExtraReplicas": st.integers(-1, 9),
-            "maxDuration": DURATIONS, "minRequests": st.integers(0, 300),
-            "minEffectPercent": st.integers(0, 51), "controlInterval": DURATIONS}),
     }),
     "metrics": st.fixed_dictionaries({}, optional={
         "scrapeInterval": DURATIONS,

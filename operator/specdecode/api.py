@@ -787,47 +787,6 @@ class LatencySLO(ApiModel):
     )
 
 
-class Experiments(ApiModel):
-    """Canary experiments: before a change reaches every replica, the operator runs the candidate
-    config on a canary Deployment behind the same Service and compares it with the running
-    config on the same traffic."""
-
-    enabled: bool = Field(
-        True,
-        description="Run canary experiments in Auto mode (Recommend reports what it would test; Off "
-        "runs none). Each experiment starts one model load on the canary's GPUs.",
-    )
-    replicas: int = Field(1, description="Canary replicas of an experiment.", ge=1, le=8)
-    max_extra_replicas: int = Field(
-        0,
-        description="GPUs' worth of replicas an experiment may add beside the service's replicas; "
-        "needs rollout.maxSurge > 0. With 0 the main Deployment gives up as many replicas as the "
-        "canary has (capacity-neutral), which needs at least replicas + 1 replicas.",
-        ge=0,
-        le=8,
-    )
-    max_duration: PositiveDuration = Duration(
-        "30m", "Longest experiment; without a clear answer by then the running config stays.", positive=True
-    )
-    min_requests: int = Field(
-        200, description="Requests each side must serve before a verdict (an SLO breach ends it at once).",
-        ge=1, le=10_000_000,
-    )
-    min_effect_percent: int = Field(
-        3,
-        description="Smallest change of time per output token worth a rollout, in percent; a smaller "
-        "measured difference ends the experiment without a change.",
-        ge=1,
-        le=50,
-    )
-    control_interval: OptionalPositiveDuration = Duration(
-        "168h",
-        "How long speculation may run before a control experiment with speculation off measures "
-        "whether it still pays; unset for none.",
-        positive=True,
-    )
-
-
 class Autotune(ApiModel):
     """The control loop: how often it looks, how sure it must be, how often it may restart pods."""
 
@@ -879,10 +838,6 @@ class Autotune(ApiModel):
         "30m",
         "With speculation off, how long before it is tried again to learn whether it pays now "
         "(speculation off hides acceptance).",
-    )
-    experiments: Experiments = Field(
-        default_factory=Experiments,
-        description="Canary experiments that measure a change before it reaches every replica.",
     )
 
 
@@ -1179,39 +1134,6 @@ class FailedConfig(StatusModel):
     at: str = Field(description="When (RFC 3339).", max_length=64)
 
 
-class ExperimentRecord(StatusModel):
-    """One canary experiment: the candidate against the running config on the same traffic."""
-
-    purpose: Literal["Reprobe", "Change", "Control"] = Field(
-        description="Reprobe (speculation off: does it pay now?), Change (a new K or schedule before "
-        "it reaches every replica) or Control (speculation off against a long-running config)."
-    )
-    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
-    candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
-    incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
-    started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)
-    ended_at: Optional[str] = Field(None, description="When it ended (RFC 3339); absent while it runs.", max_length=64)
-    verdict: Literal["Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"] = Field(
-        "Running", description="How it ended: Promote rolls the candidate out; every Abort keeps the running config."
-    )
-    reason: Redacted(512) = Field("", description="Why, with numbers.", max_length=512)
-    effect: Optional[float] = Field(
-        None, description="Measured relative change of time per output token (-0.08: 8 % faster)."
-    )
-    effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
-    effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
-    windows: int = Field(0, description="Evaluation windows measured.", ge=0)
-    requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
-    incumbent_requests: Optional[float] = Field(
-        None, description="Requests the running config's replicas served in the same windows."
-    )
-    paired_windows: int = Field(0, description="Windows with traffic on both sides (the test's sample size).", ge=0)
-    log_ratio_sum: float = Field(
-        0.0, description="Sum over paired windows of log(canary / running time per output token) (resume state)."
-    )
-    log_ratio_sum_squares: float = Field(0.0, description="Sum of their squares (resume state).", ge=0.0)
-
-
 class SpecDecodeServiceStatus(StatusModel):
     """What the operator sees and chose. Written by the operator only."""
 
@@ -1233,11 +1155,6 @@ class SpecDecodeServiceStatus(StatusModel):
     )
     failed_configs: list[FailedConfig] = Field(
         default_factory=list, description="Speculative configs that could not start.", max_length=16
-    )
-    experiments: list[ExperimentRecord] = Field(
-        default_factory=list,
-        description=f"Last {C.MAX_EXPERIMENT_HISTORY} canary experiments, newest last.",
-        max_length=C.MAX_EXPERIMENT_HISTORY,
     )
 
 

@@ -6,9 +6,8 @@ import pytest
 
 from specdecode import api
 from specdecode import constants as C
-from specdecode.render.workload import (
-    SpeculationChoice, canary_name, experiment_blocker, render_all, render_canary, render_deployment,
-)
+from specdecode.control.experiments import CanaryPlan
+from specdecode.render.workload import SpeculationChoice, canary_name, render_all, render_canary, render_deployment
 
 
 def service(**spec_overrides) -> api.SpecDecodeService:
@@ -47,24 +46,17 @@ def test_the_deployments_select_disjoint_pods():
 
 
 def test_a_capacity_neutral_canary_needs_a_replica_to_borrow():
-    assert experiment_blocker(service(replicas=2).spec) is None
-    message = experiment_blocker(service(replicas=1).spec)
-    assert "spec.replicas >= 2" in message and "maxExtraReplicas" in message
+    assert CanaryPlan().blocker(service(replicas=2).spec) is None
+    message = CanaryPlan().blocker(service(replicas=1).spec)
+    assert "spec.replicas >= 2" in message and "spec.rollout.maxSurge > 0" in message
 
 
 def test_a_surge_budget_lets_a_single_replica_service_run_an_extra_canary():
-    spec = service(replicas=1, rollout={"maxSurge": 1, "maxUnavailable": 0},
-                   autotune={"experiments": {"maxExtraReplicas": 1}}).spec
-    assert experiment_blocker(spec) is None
+    spec = service(replicas=1, rollout={"maxSurge": 1, "maxUnavailable": 0}).spec
+    assert CanaryPlan(max_extra_replicas=1).blocker(spec) is None
+    assert not CanaryPlan(max_extra_replicas=1).borrows_replicas(spec)
 
 
-def test_experiments_can_be_turned_off_by_the_spec():
-    spec = service(autotune={"experiments": {"enabled": False}}).spec
-    assert experiment_blocker(spec) == "spec.autotune.experiments.enabled is false"
-
-
-def test_the_experiment_settings_default_to_a_capacity_neutral_half_hour_canary():
-    experiments = service().spec.autotune.experiments
-    assert (experiments.replicas, experiments.max_extra_replicas, experiments.max_duration) == (1, 0, "30m")
-    with pytest.raises(api.SpecError, match="spec.autotune.experiments.replicas"):
-        service(autotune={"experiments": {"replicas": 0}})
+def test_the_canary_has_the_plans_replicas():
+    canary = render_canary(service(replicas=4), SpeculationChoice(k=5), replicas=2)
+    assert canary["spec"]["replicas"] == 2

@@ -113,7 +113,7 @@ def test_the_reported_interval_contains_the_estimate_and_promotion_needs_a_faste
 
 from specdecode import api  # noqa: E402
 from specdecode import constants as C  # noqa: E402
-from specdecode.control.experiments import Experiment, Purpose, settings_from_spec  # noqa: E402
+from specdecode.control.experiments import CanaryPlan, Experiment, ExperimentRecord, Purpose, settings_from_spec  # noqa: E402
 from specdecode.control.metrics import ConfigKey, Observation  # noqa: E402
 
 
@@ -137,7 +137,7 @@ def run_experiment(effect: float, seed: int, restart_every: int | None = None) -
         incumbent = observation("inc", 0.020 * math.exp(rng.gauss(0, 0.02)), 210, now)
         experiment = experiment.observe(candidate, incumbent, now, settings)
         if restart_every and i % restart_every == 0:
-            record = api.ExperimentRecord.model_validate(experiment.to_record().model_dump(by_alias=True))
+            record = ExperimentRecord.model_validate(experiment.to_record().model_dump(by_alias=True))
             experiment = Experiment.from_record(record)
         if not experiment.running:
             break
@@ -171,12 +171,11 @@ def test_a_cancelled_experiment_is_recorded_as_cancelled():
     assert (record.verdict, record.reason, record.ended_at) == ("Cancelled", "the spec changed", "1970-01-01T00:02:00Z")
 
 
-def test_the_spec_sets_the_tests_thresholds_and_its_slo():
+def test_the_plan_sets_the_tests_thresholds_and_the_spec_its_slo():
     spec = api.parse_service({
         "apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "llama", "namespace": "team-a"},
         "spec": {"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 3},
-                 "autotune": {"slo": {"p95TimePerOutputToken": "50ms"},
-                              "experiments": {"maxDuration": "1h", "minRequests": 500, "minEffectPercent": 5}}},
+                 "autotune": {"slo": {"p95TimePerOutputToken": "50ms"}}},
     }).spec
-    settings = settings_from_spec(spec)
+    settings = settings_from_spec(spec, CanaryPlan(max_duration_s=3600, min_requests=500, min_effect=0.05))
     assert (settings.max_duration_s, settings.min_requests, settings.min_effect, settings.tpot_p95_slo_s) == (3600.0, 500.0, 0.05, 0.05)

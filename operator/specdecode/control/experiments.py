@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Literal, Optional
+
+from pydantic import Field
 
 from specdecode import api, timestamps
 
@@ -257,13 +259,47 @@ class Purpose(StrEnum):
     """Speculation off against a config that has run for long: does it still pay?"""
 
 
-def settings_from_spec(spec: "api.SpecDecodeServiceSpec") -> ExperimentSettings:
-    experiments = spec.autotune.experiments
+@dataclass(frozen=True)
+class CanaryPlan:
+    """How experiments run: the canary's size and budget and the test's thresholds. Today the
+    defaults; the spec will set them once the control loop runs experiments (issue #15), so
+    no API field promises what the operator does not do yet."""
+
+    enabled: bool = True
+    replicas: int = 1
+    max_extra_replicas: int = 0
+    """Replicas an experiment may add beside the service's (needs rollout.maxSurge > 0); with 0
+    the main Deployment gives up as many as the canary has (capacity-neutral)."""
+    max_duration_s: float = 1800.0
+    min_requests: float = 200.0
+    min_effect: float = 0.03
+    control_interval_s: Optional[float] = 7 * 86400.0
+
+    def borrows_replicas(self, spec: "api.SpecDecodeServiceSpec") -> bool:
+        """Whether the canary's replicas come from the main Deployment (capacity-neutral)
+        rather than from the spec's surge budget."""
+        budget = self.max_extra_replicas if spec.rollout.max_surge > 0 else 0
+        return self.replicas > budget
+
+    def blocker(self, spec: "api.SpecDecodeServiceSpec") -> Optional[str]:
+        """Why this service cannot run an experiment, naming the field to change; None when it can."""
+        if not self.enabled:
+            return "experiments are turned off"
+        if self.borrows_replicas(spec) and spec.replicas <= self.replicas:
+            return (
+                f"a capacity-neutral canary of {self.replicas} replica(s) needs spec.replicas >= "
+                f"{self.replicas + 1} (is {spec.replicas}); or room for an extra replica (spec.rollout.maxSurge > 0)"
+            )
+        return None
+
+
+def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = CanaryPlan()) -> ExperimentSettings:
+    """The test's settings: the plan's thresholds and the spec's latency SLOs."""
     slo = spec.autotune.slo
     return ExperimentSettings(
-        min_effect=experiments.min_effect_percent / 100.0,
-        min_requests=float(experiments.min_requests),
-        max_duration_s=api.parse_duration(experiments.max_duration),
+        min_effect=plan.min_effect,
+        min_requests=plan.min_requests,
+        max_duration_s=plan.max_duration_s,
         tpot_p95_slo_s=api.parse_duration(slo.p95_time_per_output_token) if slo.p95_time_per_output_token else None,
         e2e_p95_slo_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
     )
@@ -280,6 +316,39 @@ def arm_window(observation: Optional["Observation"]) -> ArmWindow:
         e2e_p95_s=observation.e2e_p95_s,
         generation_tps=observation.generation_tps,
     )
+
+
+class ExperimentRecord(api.StatusModel):
+    """One canary experiment: the candidate against the running config on the same traffic."""
+
+    purpose: Literal["Reprobe", "Change", "Control"] = Field(
+        description="Reprobe (speculation off: does it pay now?), Change (a new K or schedule before "
+        "it reaches every replica) or Control (speculation off against a long-running config)."
+    )
+    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
+    candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
+    incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
+    started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)
+    ended_at: Optional[str] = Field(None, description="When it ended (RFC 3339); absent while it runs.", max_length=64)
+    verdict: Literal["Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"] = Field(
+        "Running", description="How it ended: Promote rolls the candidate out; every Abort keeps the running config."
+    )
+    reason: api.Redacted(512) = Field("", description="Why, with numbers.", max_length=512)
+    effect: Optional[float] = Field(
+        None, description="Measured relative change of time per output token (-0.08: 8 % faster)."
+    )
+    effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
+    effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
+    windows: int = Field(0, description="Evaluation windows measured.", ge=0)
+    requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
+    incumbent_requests: Optional[float] = Field(
+        None, description="Requests the running config's replicas served in the same windows."
+    )
+    paired_windows: int = Field(0, description="Windows with traffic on both sides (the test's sample size).", ge=0)
+    log_ratio_sum: float = Field(
+        0.0, description="Sum over paired windows of log(canary / running time per output token) (resume state)."
+    )
+    log_ratio_sum_squares: float = Field(0.0, description="Sum of their squares (resume state).", ge=0.0)
 
 
 @dataclass(frozen=True)
@@ -325,11 +394,11 @@ class Experiment:
             return "Cancelled"
         return self.outcome.verdict.value
 
-    def to_record(self) -> "api.ExperimentRecord":
+    def to_record(self) -> "ExperimentRecord":
         outcome = self.outcome
         interval = outcome.interval if outcome and outcome.interval else (None, None)
         finite = [v if v is not None and math.isfinite(v) else None for v in interval]
-        return api.ExperimentRecord(
+        return ExperimentRecord(
             purpose=self.purpose.value,
             candidate=self.candidate,
             candidate_hash=self.candidate_hash,
@@ -350,7 +419,7 @@ class Experiment:
         )
 
     @classmethod
-    def from_record(cls, record: "api.ExperimentRecord") -> "Experiment":
+    def from_record(cls, record: "ExperimentRecord") -> "Experiment":
         """What a restarted operator resumes from (a running experiment keeps its evidence)."""
         evidence = Evidence(
             windows=record.windows,

@@ -402,29 +402,8 @@ def canary_name(service_name: str) -> str:
     return f"{service_name}{C.CANARY_SUFFIX}"
 
 
-def canary_borrows_replicas(spec: api.SpecDecodeServiceSpec) -> bool:
-    """Whether an experiment takes its canary's replicas from the main Deployment (capacity-
-    neutral) rather than adding them within the spec's surge budget."""
-    budget = spec.autotune.experiments.max_extra_replicas if spec.rollout.max_surge > 0 else 0
-    return spec.autotune.experiments.replicas > budget
-
-
-def experiment_blocker(spec: api.SpecDecodeServiceSpec) -> Optional[str]:
-    """Why this spec cannot run a canary experiment, naming the field to change; None when it can."""
-    experiments = spec.autotune.experiments
-    if not experiments.enabled:
-        return "spec.autotune.experiments.enabled is false"
-    if canary_borrows_replicas(spec) and spec.replicas <= experiments.replicas:
-        return (
-            f"a capacity-neutral canary of {experiments.replicas} replica(s) needs spec.replicas >= "
-            f"{experiments.replicas + 1} (is {spec.replicas}); or allow extra replicas with "
-            "spec.rollout.maxSurge > 0 and spec.autotune.experiments.maxExtraReplicas"
-        )
-    return None
-
-
 def render_canary(
-    service: api.SpecDecodeService, candidate: SpeculationChoice, owner_uid: Optional[str] = None
+    service: api.SpecDecodeService, candidate: SpeculationChoice, owner_uid: Optional[str] = None, replicas: int = 1
 ) -> dict[str, Any]:
     """The canary Deployment of an experiment: the candidate config on its own replicas.
 
@@ -433,7 +412,7 @@ def render_canary(
     apart. Its own selector adds the canary label, which the main Deployment's pods never carry,
     so neither Deployment counts or adopts the other's pods.
     """
-    deployment = render_deployment(service, candidate, owner_uid, replicas=service.spec.autotune.experiments.replicas)
+    deployment = render_deployment(service, candidate, owner_uid, replicas=replicas)
     deployment["metadata"]["name"] = canary_name(service.name)
     deployment["metadata"]["labels"] = {**deployment["metadata"]["labels"], C.LABEL_CANARY: "true"}
     body = deployment["spec"]
