@@ -88,7 +88,6 @@ REASON_PROMETHEUS_URL_NOT_ALLOWED = "PrometheusURLNotAllowed"
 REASON_PROMETHEUS_CREDENTIALS_UNAVAILABLE = "PrometheusCredentialsUnavailable"
 REASON_NOT_ENOUGH_SAMPLES = "NotEnoughSamples"
 REASON_CANARY_RUNNING = "CanaryRunning"
-REASON_NO_EXPERIMENT = "NoExperiment"
 
 # Event reasons.
 EVENT_APPLIED = "Applied"
@@ -102,4 +101,3 @@ EVENT_RECREATED = "Recreated"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20
-MAX_EXPERIMENT_HISTORY = 10

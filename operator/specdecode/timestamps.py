@@ -33,6 +33,11 @@ def epoch_seconds(text: str) -> float:
     return parse_rfc3339(text).timestamp()
 
 
+def epoch_seconds_or_none(text: Optional[str]) -> Optional[float]:
+    """`epoch_seconds` of a status field that may be unset (None or empty)."""
+    return epoch_seconds(text) if text else None
+
+
 def parse_optional(value: Any) -> Optional[datetime]:
     """What the API returns, leniently: a string, a datetime (the typed client) or None.
     None when absent or malformed, for inputs the operator does not control."""

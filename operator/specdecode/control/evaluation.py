@@ -39,9 +39,6 @@ class EvaluationResult:
     rerender: bool  # the effective speculation changed: the Deployment must be re-rendered
 
 
-def _epoch(text: Optional[str]) -> Optional[float]:
-    return timestamps.epoch_seconds(text) if text else None
-
 
 def measured_restart_s(status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec) -> float:
     """How long the last change took to go live (the restart price's duration). Until the
@@ -50,7 +47,7 @@ def measured_restart_s(status: api.SpecDecodeServiceStatus, spec: api.SpecDecode
     already: the pods it restarted downloaded too."""
     effective = status.speculation
     if effective and effective.since and effective.live_since:
-        took = _epoch(effective.live_since) - _epoch(effective.since)
+        took = timestamps.epoch_seconds_or_none(effective.live_since) - timestamps.epoch_seconds_or_none(effective.since)
         if took > 0:
             return took
     return DEFAULT_RESTART_S + (DEFAULT_MODEL_DOWNLOAD_S if spec.downloads_weights_at_start else 0.0)

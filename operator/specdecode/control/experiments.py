@@ -48,6 +48,8 @@ class Verdict(StrEnum):
     ABORT_NO_GAIN = "AbortNoGain"
     ABORT_SLO = "AbortSLO"
     ABORT_TIMEOUT = "AbortTimeout"
+    CANCELLED = "Cancelled"
+    """Ended from outside the test (never a verdict of `judge`)."""
 
     @property
     def final(self) -> bool:
@@ -382,17 +384,13 @@ class Experiment:
         """Ended from outside the test (the spec changed, autotune turned off, the canary failed)."""
         if not self.running:
             return self
-        ended = Outcome(Verdict.CONTINUE, reason, self.evidence.windows,
+        ended = Outcome(Verdict.CANCELLED, reason, self.evidence.windows,
                         self.evidence.candidate_requests, self.evidence.incumbent_requests)
         return replace(self, outcome=ended, ended_at=now)
 
     @property
     def status_verdict(self) -> str:
-        if self.running:
-            return "Running"
-        if self.outcome is None or not self.outcome.verdict.final:
-            return "Cancelled"
-        return self.outcome.verdict.value
+        return "Running" if self.running or self.outcome is None else self.outcome.verdict.value
 
     def to_record(self) -> "ExperimentRecord":
         outcome = self.outcome
@@ -429,7 +427,7 @@ class Experiment:
             candidate_requests=record.requests or 0.0,
             incumbent_requests=record.incumbent_requests or 0.0,
         )
-        verdict = Verdict(record.verdict) if record.verdict in Verdict._value2member_map_ else Verdict.CONTINUE
+        verdict = Verdict.CONTINUE if record.verdict == "Running" else Verdict(record.verdict)
         return cls(
             purpose=Purpose(record.purpose),
             candidate=record.candidate,
@@ -439,5 +437,5 @@ class Experiment:
             evidence=evidence,
             outcome=Outcome(verdict, record.reason, record.windows, evidence.candidate_requests,
                             evidence.incumbent_requests) if record.reason else None,
-            ended_at=timestamps.epoch_seconds(record.ended_at) if record.ended_at else None,
+            ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
         )

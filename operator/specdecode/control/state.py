@@ -139,9 +139,6 @@ def cause_of(effective: Optional[api.EffectiveSpeculation]) -> Cause:
 # --------------------------------------------------------------------------------------------
 
 
-def _epoch(text: Optional[str]) -> Optional[float]:
-    return timestamps.epoch_seconds(text) if text else None
-
 
 def active_failures(
     status: api.SpecDecodeServiceStatus, spec: api.SpecDecodeServiceSpec, generation: Optional[int], now: datetime
@@ -180,7 +177,7 @@ def from_status(
         advice = (Action(r.action) if r.action in _ACTIONS else Action.HOLD, r.enabled, r.k)
     memory = dict(
         recent_low_alpha=earlier.recent_low_alpha if earlier else None,
-        observed_at=_epoch(earlier.observed_at) if earlier else None,
+        observed_at=timestamps.epoch_seconds_or_none(earlier.observed_at) if earlier else None,
         history=history,
         advice=advice,
         excluded_ks=excluded,
@@ -192,12 +189,12 @@ def from_status(
                             cause=cause, **memory)
     # The previous evaluation's acceptance, if it was measured on the config that runs now:
     # kept through an outage, it remembers that the draft paid.
-    since = _epoch(effective.since)
+    since = timestamps.epoch_seconds_or_none(effective.since)
     # The acceptance memory counts for the running config only: the same config hash, and
     # measured after it was chosen (the window of the evaluation that changed the choice was
     # measured on the config it left).
     last_alpha = None
-    measured_at = _epoch(earlier.observed_at) if earlier else None
+    measured_at = timestamps.epoch_seconds_or_none(earlier.observed_at) if earlier else None
     if earlier and earlier.config_hash == effective.config_hash and not (
         measured_at is not None and since is not None and measured_at <= since
     ):
@@ -206,7 +203,7 @@ def from_status(
         enabled=effective.enabled,
         k=effective.k if effective.enabled else None,
         since=now.timestamp() if since is None else since,
-        live_since=_epoch(effective.live_since),
+        live_since=timestamps.epoch_seconds_or_none(effective.live_since),
         last_alpha=last_alpha,
         cause=cause_of(effective),
         config_hash=effective.config_hash,
@@ -235,7 +232,7 @@ def to_status(
         effective is not None
         and effective.enabled == state.enabled
         and (effective.k if effective.enabled else None) == state.k
-        and _epoch(effective.since) == state.since
+        and timestamps.epoch_seconds_or_none(effective.since) == state.since
     )
     if not same:
         effective = api.EffectiveSpeculation(

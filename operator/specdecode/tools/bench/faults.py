@@ -472,7 +472,7 @@ def run_faults(plan: Plan, *, seed: int, workdir: Path, cluster_name: str, progr
         with watcher.lock:
             new_decisions = sum(
                 1 for n, v in watcher.history.seen.items() for key, e in v.items()
-                if key not in before.get(n, set()) and _epoch(e.get("time")) >= outage_start + 2)
+                if key not in before.get(n, set()) and (timestamps.epoch_seconds_or_none(e.get("time")) or 0.0) >= outage_start + 2)
             new_rollouts = sum(len(v) - hashes_before.get(n, 0) for n, v in watcher.history.template_hashes.items())
         changes_without_metrics = max(new_decisions, new_rollouts)
         back = start_prometheus(prometheus.work_dir, workdir / "faults" / "targets.json", scrape_interval_s=SCRAPE_S,
@@ -532,10 +532,6 @@ def operator_stack_log(operator) -> str:
 
     return log_tail(operator.managed.log_path, 40)
 
-
-def _epoch(text: Optional[str]) -> float:
-
-    return timestamps.epoch_seconds(text) if text else 0.0
 
 
 def _restart_when_dead(local, components: list, watch_s: float) -> None:
