@@ -7,7 +7,9 @@ import pytest
 from specdecode import api
 from specdecode import constants as C
 from specdecode.control.experiments import CanaryPlan
-from specdecode.render.workload import SpeculationChoice, canary_name, render_all, render_canary, render_deployment
+from specdecode.render.workload import (
+    Canary, SpeculationChoice, canary_name, render_all, render_canary, render_deployment,
+)
 
 
 def service(**spec_overrides) -> api.SpecDecodeService:
@@ -60,3 +62,45 @@ def test_a_surge_budget_lets_a_single_replica_service_run_an_extra_canary():
 def test_the_canary_has_the_plans_replicas():
     canary = render_canary(service(replicas=4), SpeculationChoice(k=5), replicas=2)
     assert canary["spec"]["replicas"] == 2
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions with Exists/DoesNotExist) on pod labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for term in selector.get("matchExpressions", []):
+        present = term["key"] in labels
+        if (term["operator"] == "Exists") != present:
+            return False
+    return True
+
+
+def test_while_an_experiment_runs_the_main_deployment_gives_the_canary_its_replicas():
+    sds = service(replicas=3)
+    objects = render_all(sds, SpeculationChoice(k=3), owner_uid="uid-1",
+                         canary=Canary(candidate=SpeculationChoice(k=5), replicas=1, main_replicas=2))
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    main, canary = by_name[("Deployment", "llama")], by_name[("Deployment", "llama-canary")]
+    assert main["spec"]["replicas"] + canary["spec"]["replicas"] == 3
+    assert canary["spec"]["template"]["metadata"]["annotations"][C.ANNOTATION_SPECULATION] == "ngram K=5"
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert C.ANNOTATION_APPLIED_HASH in canary["metadata"]["annotations"]
+    # Without an experiment: no canary, every replica in the main Deployment, nothing else moves.
+    plain = render_all(sds, SpeculationChoice(k=3), owner_uid="uid-1")
+    assert [o["metadata"]["name"] for o in plain if o["kind"] == "Deployment"] == ["llama"]
+    assert plain[0]["spec"]["replicas"] == 3
+    assert [o for o in plain if o["kind"] != "Deployment"] == [o for o in objects if o["kind"] != "Deployment"]
+
+
+def test_the_pdb_protects_the_main_deployments_pods_and_not_the_canarys():
+    sds = service(replicas=3)
+    objects = render_all(sds, SpeculationChoice(k=3), canary=Canary(SpeculationChoice(k=5), 1, 2))
+    pdb = next(o for o in objects if o["kind"] == "PodDisruptionBudget")
+    main, canary = (o for o in objects if o["kind"] == "Deployment")
+    main_pods = main["spec"]["template"]["metadata"]["labels"]
+    canary_pods = canary["spec"]["template"]["metadata"]["labels"]
+    assert _selects(pdb["spec"]["selector"], main_pods)
+    assert not _selects(pdb["spec"]["selector"], canary_pods)
+    # The main Deployment's own selector (immutable) still matches both; the canary's only its own.
+    assert _selects(main["spec"]["selector"], canary_pods)
+    assert not _selects(canary["spec"]["selector"], main_pods)

@@ -64,6 +64,15 @@ def selector_labels(service_name: str) -> dict[str, str]:
     return {C.LABEL_NAME: C.LABEL_NAME_VALUE, C.LABEL_SERVICE: service_name}
 
 
+def main_pod_selector(service_name: str) -> dict[str, Any]:
+    """A label selector for the main Deployment's pods alone. The Deployment's own selector
+    (immutable, from before canaries) also matches a canary's pods; the PDB uses this one, so
+    it protects the serving replicas and a canary (starting, or crash-looping) neither uses
+    up nor blocks their disruption budget."""
+    return {"matchLabels": selector_labels(service_name),
+            "matchExpressions": [{"key": C.LABEL_CANARY, "operator": "DoesNotExist"}]}
+
+
 def child_labels(service_name: str) -> dict[str, str]:
     return {**selector_labels(service_name), C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
 
@@ -473,9 +482,20 @@ def render_pdb(service: api.SpecDecodeService, owner_uid: Optional[str] = None) 
         "metadata": _metadata(service, owner_uid),
         "spec": {
             "maxUnavailable": max(1, service.spec.rollout.max_unavailable),
-            "selector": {"matchLabels": selector_labels(service.name)},
+            "selector": main_pod_selector(service.name),
         },
     }
+
+
+@dataclass(frozen=True)
+class Canary:
+    """A running experiment's share of the children: the candidate on `replicas` of its own
+    (the `<name>-canary` Deployment) and the main Deployment at `main_replicas` (fewer than
+    spec.replicas when the canary borrows them: capacity-neutral)."""
+
+    candidate: SpeculationChoice
+    replicas: int
+    main_replicas: int
 
 
 def render_all(
@@ -483,13 +503,19 @@ def render_all(
     choice: SpeculationChoice,
     owner_uid: Optional[str] = None,
     pod_monitor_served: bool = True,
+    canary: Optional[Canary] = None,
 ) -> list[dict[str, Any]]:
     """Every child object the service should have now, in apply order.
 
-    The PDB exists only with more than one replica (with one, it would block node drains
-    for good); the PodMonitor only when enabled and where its CRD is served.
+    The canary Deployment exists only while an experiment runs (`canary`); the PDB only with
+    more than one replica (with one, it would block node drains for good); the PodMonitor only
+    when enabled and where its CRD is served.
     """
-    objects = [render_deployment(service, choice, owner_uid), render_service(service, owner_uid)]
+    main_replicas = canary.main_replicas if canary is not None else None
+    objects = [render_deployment(service, choice, owner_uid, replicas=main_replicas)]
+    if canary is not None:
+        objects.append(render_canary(service, canary.candidate, owner_uid, replicas=canary.replicas))
+    objects.append(render_service(service, owner_uid))
     if service.spec.replicas > 1:
         objects.append(render_pdb(service, owner_uid))
     if service.spec.metrics.pod_monitor and pod_monitor_served:
