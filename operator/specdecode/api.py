@@ -787,6 +787,67 @@ class LatencySLO(ApiModel):
     )
 
 
+class ExperimentsSpec(ApiModel):
+    """Canary experiments: a change the model predicts runs first on a canary replica beside the
+    running config, on the same traffic, and reaches every replica only when measured better."""
+
+    enabled: bool = Field(
+        True,
+        description="In Auto mode, test every re-probe (speculation back on) and every change of K "
+        "on a canary before it reaches every replica, instead of restarting all of them on a "
+        "prediction. Needs spec.replicas >= replicas + 1, or maxExtraReplicas with "
+        "rollout.maxSurge > 0; otherwise the operator changes every replica at once as without "
+        "experiments and says why in status.recommendation. Safety moves (turning speculation off "
+        "on an acceptance collapse or an SLO breach) are never canaried.",
+    )
+    replicas: int = Field(
+        1,
+        description="Replicas of the canary Deployment (`<name>-canary`). More replicas measure "
+        "faster and expose more traffic to the candidate.",
+        ge=1,
+        le=8,
+    )
+    max_extra_replicas: int = Field(
+        0,
+        description="Canary replicas that may run beside spec.replicas (extra GPUs), used only when "
+        "rollout.maxSurge > 0. With 0 the main Deployment gives up as many replicas as the canary "
+        "has while an experiment runs (capacity-neutral, no extra GPU).",
+        ge=0,
+        le=8,
+    )
+    max_duration: PositiveDuration = Duration(
+        "30m",
+        "Longest an experiment runs; without a clear difference by then it ends (AbortTimeout) and "
+        "the running config stays. Longer finds smaller differences and keeps a canary longer.",
+        positive=True,
+    )
+    min_requests: int = Field(
+        200,
+        description="Requests each side (canary and running config) must serve before any verdict "
+        "but an SLO breach. Fewer ends experiments sooner on noisier evidence.",
+        ge=1,
+        le=10_000_000,
+    )
+    min_effect: float = Field(
+        0.03,
+        description="Smallest measured change of time per output token worth a rollout (0.03: 3 %). "
+        "A candidate within it ends AbortNoGain: a restart of every replica is not free.",
+        ge=0.0,
+        le=0.5,
+    )
+    control: bool = Field(
+        True,
+        description="Periodically test speculation off on a canary against a config that has run "
+        "unchanged for controlInterval: the measured answer to whether speculation still pays.",
+    )
+    control_interval: PositiveDuration = Duration(
+        "168h",
+        "How long speculation runs unchanged before a control experiment (speculation off on the "
+        "canary) checks that it still pays.",
+        positive=True,
+    )
+
+
 class Autotune(ApiModel):
     """The control loop: how often it looks, how sure it must be, how often it may restart pods."""
 
@@ -838,6 +899,11 @@ class Autotune(ApiModel):
         "30m",
         "With speculation off, how long before it is tried again to learn whether it pays now "
         "(speculation off hides acceptance).",
+    )
+    experiments: ExperimentsSpec = Field(
+        default_factory=ExperimentsSpec,
+        description="Canary experiments: measure a re-probe or a change of K on a canary replica "
+        "before it reaches every replica.",
     )
 
 
@@ -1134,6 +1200,52 @@ class FailedConfig(StatusModel):
     at: str = Field(description="When (RFC 3339).", max_length=64)
 
 
+class ExperimentRecord(StatusModel):
+    """One canary experiment: the candidate against the running config on the same traffic."""
+
+    purpose: Literal["Reprobe", "Change", "Control"] = Field(
+        description="Reprobe (speculation off: does it pay now?), Change (a new K or schedule before "
+        "it reaches every replica) or Control (speculation off against a long-running config)."
+    )
+    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
+    candidate_enabled: bool = Field(False, description="Whether the canary runs speculation.")
+    candidate_k: Optional[int] = Field(
+        None, description="num_speculative_tokens on the canary; absent when it runs speculation off.", ge=1, le=16
+    )
+    candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
+    incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
+    started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)
+    ended_at: Optional[str] = Field(None, description="When it ended (RFC 3339); absent while it runs.", max_length=64)
+    verdict: Literal["Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"] = Field(
+        "Running", description="How it ended: Promote rolls the candidate out; every Abort keeps the running "
+        "config; Cancelled ended it from outside (the spec changed, autotune left Auto, the canary failed)."
+    )
+    reason: Redacted(512) = Field("", description="Why, with numbers.", max_length=512)
+    effect: Optional[float] = Field(
+        None, description="Measured relative change of time per output token (-0.08: 8 % faster)."
+    )
+    effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
+    effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
+    windows: int = Field(0, description="Evaluation windows measured.", ge=0)
+    requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
+    incumbent_requests: Optional[float] = Field(
+        None, description="Requests the running config's replicas served in the same windows."
+    )
+    paired_windows: int = Field(0, description="Windows with traffic on both sides (the test's sample size).", ge=0)
+    log_ratio_sum: float = Field(
+        0.0, description="Sum over paired windows of log(canary / running time per output token) (resume state)."
+    )
+    log_ratio_sum_squares: float = Field(0.0, description="Sum of their squares (resume state).", ge=0.0)
+    last_window_at: Optional[str] = Field(
+        None, description="End of the last window measured (RFC 3339; resume state: windows never overlap).",
+        max_length=64,
+    )
+
+    @property
+    def running(self) -> bool:
+        return self.verdict == "Running"
+
+
 class SpecDecodeServiceStatus(StatusModel):
     """What the operator sees and chose. Written by the operator only."""
 
@@ -1155,6 +1267,12 @@ class SpecDecodeServiceStatus(StatusModel):
     )
     failed_configs: list[FailedConfig] = Field(
         default_factory=list, description="Speculative configs that could not start.", max_length=16
+    )
+    experiments: list[ExperimentRecord] = Field(
+        default_factory=list,
+        description=f"Last {C.MAX_EXPERIMENTS} canary experiments, newest last; one runs while the last "
+        "has verdict Running.",
+        max_length=C.MAX_EXPERIMENTS,
     )
 
 

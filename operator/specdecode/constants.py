@@ -101,3 +101,5 @@ EVENT_RECREATED = "Recreated"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20
+# Canary experiments kept in status.experiments (the running one is the last).
+MAX_EXPERIMENTS = 8

@@ -105,3 +105,52 @@ def test_every_rule_cel_names_only_wire_fields():
     for model in [api.Speculation, api.NgramWindow, api.BatchSizeRange, api.Engine, api.Rollout, api.ModelCache, api.SpecDecodeServiceSpec]:
         for rule in model.rules:
             assert not re.search(r"self\.[a-z]+_[a-z]", rule.cel), (model.__name__, rule.cel)
+
+
+def test_experiments_get_the_documented_defaults(minimal_spec):
+    experiments = api.parse_spec(minimal_spec).autotune.experiments
+    assert experiments.enabled and experiments.control
+    assert (experiments.replicas, experiments.max_extra_replicas, experiments.min_requests) == (1, 0, 200)
+    assert (experiments.max_duration, experiments.min_effect, experiments.control_interval) == ("30m", 0.03, "168h")
+
+
+def test_the_canary_plan_is_the_specs(minimal_spec):
+    from specdecode.control.experiments import CanaryPlan
+
+    spec = api.parse_spec({**minimal_spec, "replicas": 4, "autotune": {"experiments": {
+        "replicas": 2, "maxDuration": "1h", "minRequests": 500, "minEffect": 0.05, "controlInterval": "24h"}}})
+    plan = CanaryPlan.from_spec(spec)
+    assert (plan.replicas, plan.max_duration_s, plan.min_requests, plan.min_effect, plan.control_interval_s) == (
+        2, 3600.0, 500.0, 0.05, 86400.0)
+    assert plan.main_replicas(spec) == 2  # capacity-neutral: the canary borrows two
+    no_control = api.parse_spec({**minimal_spec, "autotune": {"experiments": {"control": False}}})
+    assert CanaryPlan.from_spec(no_control).control_interval_s is None
+
+
+def test_a_surge_budget_keeps_the_main_deployment_whole(minimal_spec):
+    from specdecode.control.experiments import CanaryPlan
+
+    spec = api.parse_spec({**minimal_spec, "replicas": 1, "rollout": {"maxSurge": 1, "maxUnavailable": 0},
+                           "autotune": {"experiments": {"maxExtraReplicas": 1}}})
+    plan = CanaryPlan.from_spec(spec)
+    assert plan.blocker(spec) is None and plan.main_replicas(spec) == 1
+
+
+def test_the_running_experiment_is_the_last_record_while_it_runs():
+    from specdecode.control.experiments import running_record
+
+    def record(verdict: str) -> dict:
+        return {"purpose": "Reprobe", "candidate": "ngram K=3", "candidateEnabled": True, "candidateK": 3,
+                "candidateHash": "c", "incumbentHash": "i", "startedAt": "2026-01-01T00:00:00Z", "verdict": verdict}
+
+    status = api.SpecDecodeServiceStatus.model_validate({"experiments": [record("AbortWorse"), record("Running")]})
+    assert running_record(status).candidate_k == 3
+    assert running_record(api.SpecDecodeServiceStatus.model_validate({"experiments": [record("Running"), record("Promote")]})) is None
+    assert running_record(api.SpecDecodeServiceStatus()) is None and running_record(None) is None
+
+
+def test_status_keeps_at_most_eight_experiments():
+    from specdecode import constants as C
+
+    schema = api.SpecDecodeServiceStatus.model_json_schema(by_alias=True)
+    assert schema["properties"]["experiments"]["maxItems"] == C.MAX_EXPERIMENTS == 8

@@ -113,7 +113,8 @@ def test_the_reported_interval_contains_the_estimate_and_promotion_needs_a_faste
 
 from specdecode import api  # noqa: E402
 from specdecode import constants as C  # noqa: E402
-from specdecode.control.experiments import CanaryPlan, Experiment, ExperimentRecord, Purpose, settings_from_spec  # noqa: E402
+from specdecode.api import ExperimentRecord  # noqa: E402
+from specdecode.control.experiments import CanaryPlan, Experiment, Purpose, settings_from_spec  # noqa: E402
 from specdecode.control.metrics import ConfigKey, Observation  # noqa: E402
 
 

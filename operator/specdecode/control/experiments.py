@@ -31,11 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, Optional
-
-from pydantic import Field
+from typing import TYPE_CHECKING, Optional
 
 from specdecode import api, timestamps
+from specdecode.api import ExperimentRecord
 
 if TYPE_CHECKING:
     from specdecode.control.metrics import Observation
@@ -263,9 +262,8 @@ class Purpose(StrEnum):
 
 @dataclass(frozen=True)
 class CanaryPlan:
-    """How experiments run: the canary's size and budget and the test's thresholds. Today the
-    defaults; the spec will set them once the control loop runs experiments (issue #15), so
-    no API field promises what the operator does not do yet."""
+    """How experiments run: the canary's size and budget and the test's thresholds
+    (spec.autotune.experiments, `from_spec`)."""
 
     enabled: bool = True
     replicas: int = 1
@@ -276,6 +274,27 @@ class CanaryPlan:
     min_requests: float = 200.0
     min_effect: float = 0.03
     control_interval_s: Optional[float] = 7 * 86400.0
+    """Speculation unchanged this long gets a control experiment (off on the canary); None: never."""
+
+    @classmethod
+    def from_spec(cls, spec: "api.SpecDecodeServiceSpec") -> "CanaryPlan":
+        e = spec.autotune.experiments
+        return cls(
+            enabled=e.enabled,
+            replicas=e.replicas,
+            max_extra_replicas=e.max_extra_replicas,
+            max_duration_s=api.parse_duration(e.max_duration),
+            min_requests=float(e.min_requests),
+            min_effect=e.min_effect,
+            control_interval_s=api.parse_duration(e.control_interval) if e.control else None,
+        )
+
+    def main_replicas(self, spec: "api.SpecDecodeServiceSpec") -> int:
+        """The main Deployment's replicas while an experiment runs: the spec's, less the canary's
+        when the canary borrows them (capacity-neutral)."""
+        if self.borrows_replicas(spec):
+            return max(0, spec.replicas - self.replicas)
+        return spec.replicas
 
     def borrows_replicas(self, spec: "api.SpecDecodeServiceSpec") -> bool:
         """Whether the canary's replicas come from the main Deployment (capacity-neutral)
@@ -320,39 +339,6 @@ def arm_window(observation: Optional["Observation"]) -> ArmWindow:
     )
 
 
-class ExperimentRecord(api.StatusModel):
-    """One canary experiment: the candidate against the running config on the same traffic."""
-
-    purpose: Literal["Reprobe", "Change", "Control"] = Field(
-        description="Reprobe (speculation off: does it pay now?), Change (a new K or schedule before "
-        "it reaches every replica) or Control (speculation off against a long-running config)."
-    )
-    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
-    candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
-    incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
-    started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)
-    ended_at: Optional[str] = Field(None, description="When it ended (RFC 3339); absent while it runs.", max_length=64)
-    verdict: Literal["Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"] = Field(
-        "Running", description="How it ended: Promote rolls the candidate out; every Abort keeps the running config."
-    )
-    reason: api.Redacted(512) = Field("", description="Why, with numbers.", max_length=512)
-    effect: Optional[float] = Field(
-        None, description="Measured relative change of time per output token (-0.08: 8 % faster)."
-    )
-    effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
-    effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
-    windows: int = Field(0, description="Evaluation windows measured.", ge=0)
-    requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
-    incumbent_requests: Optional[float] = Field(
-        None, description="Requests the running config's replicas served in the same windows."
-    )
-    paired_windows: int = Field(0, description="Windows with traffic on both sides (the test's sample size).", ge=0)
-    log_ratio_sum: float = Field(
-        0.0, description="Sum over paired windows of log(canary / running time per output token) (resume state)."
-    )
-    log_ratio_sum_squares: float = Field(0.0, description="Sum of their squares (resume state).", ge=0.0)
-
-
 @dataclass(frozen=True)
 class Experiment:
     """A running or finished experiment; `to_record`/`from_record` carry it through status."""
@@ -365,6 +351,14 @@ class Experiment:
     evidence: Evidence = Evidence()
     outcome: Optional[Outcome] = None
     ended_at: Optional[float] = None
+    candidate_k: Optional[int] = None
+    """K on the canary; None: the canary runs speculation off."""
+    last_window_at: Optional[float] = None
+    """End of the last window measured (the next one starts there: windows never overlap)."""
+
+    @property
+    def candidate_enabled(self) -> bool:
+        return self.candidate_k is not None
 
     @property
     def running(self) -> bool:
@@ -378,7 +372,8 @@ class Experiment:
         window = PairedWindow(at=now, candidate=arm_window(candidate), incumbent=arm_window(incumbent))
         evidence = self.evidence.add(window)
         outcome = judge(evidence, window, self.started_at, now, settings)
-        return replace(self, evidence=evidence, outcome=outcome, ended_at=now if outcome.verdict.final else None)
+        return replace(self, evidence=evidence, outcome=outcome, last_window_at=now,
+                       ended_at=now if outcome.verdict.final else None)
 
     def cancel(self, reason: str, now: float) -> "Experiment":
         """Ended from outside the test (the spec changed, autotune turned off, the canary failed)."""
@@ -399,12 +394,14 @@ class Experiment:
         return ExperimentRecord(
             purpose=self.purpose.value,
             candidate=self.candidate,
+            candidate_enabled=self.candidate_enabled,
+            candidate_k=self.candidate_k,
             candidate_hash=self.candidate_hash,
             incumbent_hash=self.incumbent_hash,
             started_at=timestamps.rfc3339(self.started_at),
             ended_at=timestamps.rfc3339(self.ended_at) if self.ended_at is not None else None,
             verdict=self.status_verdict,
-            reason=outcome.reason if outcome else "",
+            reason=outcome.reason[:512] if outcome else "",
             effect=round(outcome.effect, 4) if outcome and outcome.effect is not None else None,
             effect_low=round(finite[0], 4) if finite[0] is not None else None,
             effect_high=round(finite[1], 4) if finite[1] is not None else None,
@@ -414,6 +411,7 @@ class Experiment:
             paired_windows=self.evidence.paired,
             log_ratio_sum=self.evidence.log_ratio_sum,
             log_ratio_sum_squares=self.evidence.log_ratio_sum_squares,
+            last_window_at=timestamps.rfc3339(self.last_window_at) if self.last_window_at is not None else None,
         )
 
     @classmethod
@@ -428,6 +426,9 @@ class Experiment:
             incumbent_requests=record.incumbent_requests or 0.0,
         )
         verdict = Verdict.CONTINUE if record.verdict == "Running" else Verdict(record.verdict)
+        interval = None
+        if record.effect_low is not None and record.effect_high is not None:
+            interval = (record.effect_low, record.effect_high)
         return cls(
             purpose=Purpose(record.purpose),
             candidate=record.candidate,
@@ -436,6 +437,18 @@ class Experiment:
             started_at=timestamps.epoch_seconds(record.started_at),
             evidence=evidence,
             outcome=Outcome(verdict, record.reason, record.windows, evidence.candidate_requests,
-                            evidence.incumbent_requests) if record.reason else None,
+                            evidence.incumbent_requests, effect=record.effect, interval=interval)
+            if record.reason or verdict.final else None,
             ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
+            candidate_k=record.candidate_k if record.candidate_enabled else None,
+            last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),
         )
+
+
+def running_record(status: Optional["api.SpecDecodeServiceStatus"]) -> Optional[ExperimentRecord]:
+    """The experiment running now: the last of status.experiments while its verdict is Running
+    (the one way the controller, the evaluator and the benchmark ask)."""
+    if status is None or not status.experiments:
+        return None
+    last = status.experiments[-1]
+    return last if last.running else None
