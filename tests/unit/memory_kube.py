@@ -80,10 +80,13 @@ class MemoryKube:
 
     def list(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "") -> list[dict[str, Any]]:
         self.read_log.append(("list", kind))
-        wanted = dict(term.split("=", 1) for term in label_selector.split(",") if term)
+        terms = [term for term in label_selector.split(",") if term]
+        wanted = dict(term.split("=", 1) for term in terms if not term.startswith("!"))
+        absent = {term[1:] for term in terms if term.startswith("!")}
         return [copy.deepcopy(obj) for (v, k, ns, _), obj in self.objects.items()
                 if (v, k, ns) == (api_version, kind, namespace)
-                and wanted.items() <= (obj["metadata"].get("labels") or {}).items()]
+                and wanted.items() <= (obj["metadata"].get("labels") or {}).items()
+                and not absent & (obj["metadata"].get("labels") or {}).keys()]
 
     def pod_log(self, namespace: str, pod: str, container: Optional[str], previous: bool, tail_lines: int = 200) -> str:
         return ""

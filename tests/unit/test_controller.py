@@ -53,10 +53,10 @@ def test_one_failing_child_does_not_stop_the_others():
                                  "metadata": {"name": "svc", "namespace": "ns"}, "spec": spec_with({"replicas": 2})})
     objects = render.render_all(service, render.initial_choice(service.spec), owner_uid="u", pod_monitor_served=True)
     kube = _OneKindFails()
-    deployment, applied, error = Controller(kube)._apply_children(objects, service, {}, datetime.now(timezone.utc))
-    assert "Service" not in applied and {"Deployment", "PodDisruptionBudget", "PodMonitor"} <= set(applied)
-    assert error is not None and "applying Service failed: 500" in error
-    assert deployment is not None
+    live = Controller(kube)._apply_children(objects, service, {}, datetime.now(timezone.utc))
+    assert "Service" not in live.applied and {"Deployment", "PodDisruptionBudget", "PodMonitor"} <= set(live.applied)
+    assert live.error is not None and "applying Service failed: 500" in live.error
+    assert live.deployment is not None
 
 
 # ------------------------------------------------------------------ what one reconcile writes
@@ -199,3 +199,167 @@ def test_a_deployment_event_after_a_failed_apply_looks_at_every_child():
         "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
     _controller(kube).reconcile("team-a", "llama", Children.deployment())
     assert ("get", "Service") in kube.read_log
+
+
+# ------------------------------------------------------------- a canary experiment's children
+
+EXPERIMENT_SPEC = spec_with({"replicas": 3, "rollout": {"maxSurge": 0, "maxUnavailable": 1},
+                             "speculation": {"method": "ngram", "numSpeculativeTokens": 3}})
+
+
+def _running_record(spec: dict, k: int = 5, **changes) -> dict:
+    """A Running experiment record as the control loop writes it: the candidate's config hash
+    is the one the canary's pods carry."""
+    from specdecode.render import workload as render
+
+    parsed = api.parse_spec(spec)
+    record = api.ExperimentRecord(
+        purpose="Change", candidate=f"ngram K={k}", candidate_enabled=True, candidate_k=k,
+        candidate_hash=render.config_hash(parsed, render.SpeculationChoice(k=k)),
+        incumbent_hash=render.config_hash(parsed, render.SpeculationChoice(k=3)),
+        started_at="2026-11-30T11:59:00Z")
+    return {**record.to_wire(), **changes}
+
+
+def _experimenting(spec: dict = EXPERIMENT_SPEC, **record_changes):
+    """A serving service whose status names a running experiment, after one reconcile."""
+    kube = MemoryKube()
+    kube.create_service(spec)
+    controller = _controller(kube)
+    controller.reconcile("team-a", "llama")
+    _ready(kube, replicas=3)
+    controller.reconcile("team-a", "llama")
+    _set_experiments(kube, [_running_record(spec, **record_changes)])
+    assert controller.reconcile("team-a", "llama") == "ok"
+    return kube, controller
+
+
+def _set_experiments(kube, records):
+    body = kube.objects[(C.API_VERSION, C.KIND, "team-a", "llama")]
+    body["status"] = {**body["status"], "experiments": records}
+    body["metadata"]["resourceVersion"] = kube._next_version()
+
+
+def _deployment(kube, name="llama"):
+    return kube.get("apps/v1", "Deployment", name, "team-a")
+
+
+def test_a_running_experiment_gets_its_canary_and_the_main_deployment_lends_it_a_replica():
+    kube, controller = _experimenting()
+    canary, main = _deployment(kube, "llama-canary"), _deployment(kube)
+    assert canary["spec"]["replicas"] == 1 and main["spec"]["replicas"] == 2  # capacity-neutral: 3 in all
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "uid-llama"
+    assert canary["metadata"]["labels"][C.LABEL_CANARY] == "true"
+    assert '"num_speculative_tokens":5' in " ".join(canary["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert '"num_speculative_tokens":3' in " ".join(main["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert kube.writes.events[-1][:2] == ("Normal", C.EVENT_APPLIED)
+    # Unchanged: the next passes, full or on a Deployment event, apply nothing.
+    _writes_nothing(kube, controller)
+    from specdecode.shell.controller import Children
+    before = kube.writes.count()
+    controller.reconcile("team-a", "llama", Children.deployment())
+    assert kube.writes.count() == before
+
+
+def test_status_replicas_count_the_canarys_pods_and_the_phase_the_main_deployments():
+    kube, controller = _experimenting()
+    _ready(kube, replicas=2)
+    canary = _deployment(kube, "llama-canary")
+    kube.set_child_status("apps/v1", "Deployment", "llama-canary", "team-a", {
+        "observedGeneration": canary["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1,
+        "readyReplicas": 0, "availableReplicas": 0})
+    controller.reconcile("team-a", "llama")
+    status = kube.service()["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (3, 2)
+    assert status["phase"] == "Serving"  # the main Deployment serves; the canary is still starting
+
+
+def test_a_deleted_or_edited_canary_is_applied_again_on_its_deployment_event():
+    from specdecode.shell.controller import Children
+
+    kube, controller = _experimenting()
+    kube.delete("apps/v1", "Deployment", "llama-canary", "team-a")
+    controller.reconcile("team-a", "llama", Children.deployment())
+    assert _deployment(kube, "llama-canary")["spec"]["replicas"] == 1
+    kube.objects[("apps/v1", "Deployment", "team-a", "llama-canary")]["spec"]["replicas"] = 4  # kubectl scale
+    controller.reconcile("team-a", "llama", Children.deployment())
+    assert _deployment(kube, "llama-canary")["spec"]["replicas"] == 1
+
+
+def test_the_canary_goes_and_the_main_deployment_gets_its_replicas_back_when_the_experiment_ends():
+    kube, controller = _experimenting()
+    ended = _running_record(EXPERIMENT_SPEC, verdict="AbortWorse", endedAt="2026-11-30T12:00:00Z",
+                            reason="the canary is 9.0% slower per token")
+    _set_experiments(kube, [ended])
+    controller.reconcile("team-a", "llama")
+    assert _deployment(kube, "llama-canary") is None and "Deployment" in kube.writes.deleted
+    assert _deployment(kube)["spec"]["replicas"] == 3
+    # Known gone: later passes neither read nor delete it again.
+    kube.read_log.clear()
+    _writes_nothing(kube, controller)
+    assert ("get", "Deployment") in kube.read_log and kube.read_log.count(("get", "Deployment")) == 1
+
+
+def test_a_canary_left_behind_by_a_killed_operator_is_deleted_by_the_next_one():
+    kube, _ = _experimenting()
+    _set_experiments(kube, [_running_record(EXPERIMENT_SPEC, verdict="Promote", endedAt="2026-11-30T12:00:00Z")])
+    fresh = _controller(kube)  # a new process: nothing remembered
+    fresh.reconcile("team-a", "llama")
+    assert _deployment(kube, "llama-canary") is None
+
+
+def _crash_looping_canary_pod(kube, spec: dict, k: int = 5):
+    from specdecode.render import workload as render
+
+    labels = {**render.child_labels("llama"), C.LABEL_CANARY: "true",
+              C.LABEL_CONFIG_HASH: render.config_hash(api.parse_spec(spec), render.SpeculationChoice(k=k))}
+    terminated = {"terminated": {"exitCode": 1, "reason": "OOMKilled", "message": "",
+                                 "finishedAt": "2026-11-30T11:59:50Z"}}
+    kube.objects[("v1", "Pod", "team-a", "llama-canary-abc")] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "llama-canary-abc", "namespace": "team-a", "labels": labels,
+                     "creationTimestamp": "2026-11-30T11:59:00Z"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                   "containerStatuses": [{"name": C.VLLM_CONTAINER_NAME, "ready": False, "restartCount": 4,
+                                          "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                          "lastState": terminated}]}}
+    canary = _deployment(kube, "llama-canary")
+    kube.set_child_status("apps/v1", "Deployment", "llama-canary", "team-a", {
+        "observedGeneration": canary["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1,
+        "readyReplicas": 0, "availableReplicas": 0})
+
+
+def test_a_canary_whose_pods_cannot_start_cancels_the_experiment_once():
+    from specdecode.shell.controller import Children
+
+    kube, controller = _experimenting()
+    _crash_looping_canary_pod(kube, EXPERIMENT_SPEC)
+    events = len(kube.writes.events)
+    controller.reconcile("team-a", "llama", Children.deployment())  # the canary's own event
+    [record] = kube.service()["status"]["experiments"]
+    assert record["verdict"] == "Cancelled" and record["endedAt"]
+    assert "canary's pods cannot start" in record["reason"] and "OOMKilled" in record["reason"]
+    assert [e[:2] for e in kube.writes.events[events:]].count(("Warning", "ExperimentCancelled")) == 1
+    assert _deployment(kube, "llama-canary") is None and _deployment(kube)["spec"]["replicas"] == 3
+    assert kube.service()["status"]["speculation"]["k"] == 3  # the main Deployment's config is untouched
+    _writes_nothing(kube, controller)
+
+
+def test_a_spec_that_no_longer_allows_the_experiment_cancels_it_before_anything_is_applied():
+    kube, controller = _experimenting()
+    kube.edit_spec({"replicas": 1})  # nothing left to lend the canary
+    controller.reconcile("team-a", "llama")
+    [record] = kube.service()["status"]["experiments"]
+    assert record["verdict"] == "Cancelled" and "spec.replicas >= 2" in record["reason"]
+    assert _deployment(kube)["spec"]["replicas"] == 1 and _deployment(kube, "llama-canary") is None
+
+
+def test_a_spec_edit_that_changes_the_candidate_cancels_the_experiment():
+    kube, controller = _experimenting()
+    kube.edit_spec({"engine": {"maxNumSeqs": 64}})  # every config hash moves
+    applied = len(kube.writes.applied)
+    controller.reconcile("team-a", "llama")
+    [record] = kube.service()["status"]["experiments"]
+    assert record["verdict"] == "Cancelled" and "candidate" in record["reason"]
+    assert "Deployment" in kube.writes.applied[applied:]  # the main, at its full replicas
+    assert _deployment(kube, "llama-canary") is None

@@ -143,6 +143,8 @@ class ReconcileOutcome:
     invalid_spec: Optional[str] = None
     apply_error: Optional[str] = None
     rollout: RolloutState = RolloutState(exists=False)
+    canary: Optional[RolloutState] = None
+    """The canary Deployment's, while an experiment runs: its pods count in status.replicas."""
     choice: Optional[SpeculationChoice] = None
     choice_cause: Cause = Cause.DECLARED
     choice_reason: str = ""
@@ -235,6 +237,7 @@ def next_status(
 
     earlier = current.speculation
     choice = outcome.choice
+    c = outcome.canary
     same_choice = earlier is not None and earlier.enabled == choice.enabled and earlier.k == choice.k
     since = earlier.since if same_choice and earlier.since else rfc3339(now)
     # Warm-up and attribution count from the moment every replica ran this config.
@@ -262,8 +265,12 @@ def next_status(
             "phase": phase,
             "conditions": conds,
             "observed_generation": generation,
-            "replicas": r.replicas if r.exists else 0,
-            "ready_replicas": r.ready if r.exists else 0,
+            # Every vLLM pod behind the Service counts, a canary's too: status.selector (the
+            # scale subresource's, which an HPA reads) matches them, they serve their share of
+            # the traffic, and with a capacity-neutral canary main + canary = spec.replicas.
+            # Phase, Ready and Progressing describe the main Deployment alone.
+            "replicas": (r.replicas if r.exists else 0) + (c.replicas if c is not None and c.exists else 0),
+            "ready_replicas": (r.ready if r.exists else 0) + (c.ready if c is not None and c.exists else 0),
             "selector": outcome.selector,
             "speculation": effective,
         }

@@ -21,6 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from .. import api
 from .. import constants as C
 from . import crashpoints, instrumentation
+from . import experiments as experiment_shell
+from ..control import experiments
 from ..control import failures
 from ..render import preflight, workload as render
 from ..control import fallback
@@ -73,6 +75,24 @@ class Children:
 EVERYTHING = Children()
 
 
+@dataclass(frozen=True)
+class LiveChildren:
+    """What `_apply_children` found or wrote: the live main and canary Deployments, the kinds
+    written and the errors of the writes that failed."""
+
+    deployment: Optional[dict[str, Any]]
+    canary: Optional[dict[str, Any]]
+    applied: list[str]
+    error: Optional[str]
+
+
+def _experiment_marker(status: api.SpecDecodeServiceStatus) -> str:
+    """Names the newest experiment in status ("" before the first): a canary exists only for a
+    running one, so once deleted it stays deleted until this changes."""
+    newest = status.experiments[-1] if status.experiments else None
+    return f"{newest.started_at}/{newest.candidate_hash}" if newest is not None else ""
+
+
 def _apply_failed(body: dict[str, Any]) -> bool:
     conditions = (body.get("status") or {}).get("conditions") or []
     return any(c.get("type") == C.COND_DEGRADED and c.get("reason") == C.REASON_APPLY_FAILED for c in conditions)
@@ -106,6 +126,9 @@ class Controller:
         self.log = logger or logging.getLogger("specdecode.shell.controller")
         self._locks: defaultdict[tuple[str, str], threading.RLock] = defaultdict(threading.RLock)
         self._locks_guard = threading.Lock()
+        # Services whose canary is known deleted, by (namespace, name): the experiment marker
+        # (`_experiment_marker`) status named then.
+        self._canary_gone: dict[tuple[str, str], str] = {}
         # Objects whose last apply changed nothing although content_drift saw a difference
         # (the apiserver's own spelling of a value), by (kind, namespace, name): resourceVersion.
         self._noop_applies: dict[tuple[str, str, str], str] = {}
@@ -156,7 +179,11 @@ class Controller:
             choice, cause, reason = fallback.preflight_choice(
                 service.spec, choice, cause, reason, compat.compatible, compat.message)
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
-            objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served)
+            config = render.config_hash(service.spec, choice)
+            record = experiments.running_record(remembered)
+            cancel = experiment_shell.cancel_reason(service.spec, record, config) if record is not None else None
+            canary = experiment_shell.canary_for(service.spec, record) if cancel is None else None
+            objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served, canary=canary)
         except (api.SpecError, render.RenderError) as err:
             # Children stay as they are: a bad edit must not take a serving model down.
             message = str(err)
@@ -167,13 +194,15 @@ class Controller:
             return "invalid_spec"
 
         spec = service.spec
-        deployment, applied, apply_error = self._apply_children(objects, service, body, now, children)
+        live = self._apply_children(objects, service, body, now, children, _experiment_marker(remembered))
+        deployment, applied, apply_error = live.deployment, live.applied, live.error
         if "Deployment" in applied:
             crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
-        config = render.config_hash(spec, choice)
         outcome = st.ReconcileOutcome(
             apply_error=apply_error,
             rollout=st.rollout_state(deployment, config),
+            canary=st.rollout_state(live.canary, render.config_hash(spec, canary.candidate))
+            if live.canary is not None and canary is not None else None,
             choice=choice,
             choice_cause=cause,
             choice_reason=reason,
@@ -194,14 +223,25 @@ class Controller:
             if found is not None:
                 result = fallback.apply_startup_failure(new, spec, choice, config, *found, generation, now)
                 new, events, rerender = result.status, list(result.events), result.rerender
-        self._write_status(body, current, new)
+        if canary is not None and cancel is None and _has_pods(live.canary):
+            cancel = self._canary_failure(service, canary.candidate, live.canary, now)
+        cancelled = cancel is not None and experiments.running_record(new) is not None
+        if cancelled:
+            # The one cancel path (it writes this pass's status too); the pass below, without
+            # the experiment, deletes the canary and gives the main Deployment its replicas back.
+            experiment_shell.cancel_running_experiment(self.kube, body, new, cancel, now)
+            self.log.warning("%s/%s: experiment cancelled: %s", service.namespace, service.name, cancel)
+        else:
+            self._write_status(body, current, new)
         for type_, reason_, message in events:
             self.kube.post_event(body, type_, reason_, message, now)
         if rerender:
             # The fallback is in status now: count it, then render the service without speculation.
             instrumentation.record_decision(service.namespace, service.name, "fallback", spec.autotune.mode.value)
             self.log.warning("%s/%s: %s", service.namespace, service.name, events[0][2] if events else "fallback")
-            return self._reconcile(self.kube.get(C.API_VERSION, C.KIND, service.name, service.namespace))
+        if rerender or cancelled:
+            return self._reconcile(self.kube.get(C.API_VERSION, C.KIND, service.name, service.namespace),
+                                   EVERYTHING if rerender else children)
         if applied:
             described = choice.describe(spec.speculation.method.value)
             self.kube.post_event(
@@ -222,13 +262,30 @@ class Controller:
             )
         return preflight.preflight(spec, self.model_cache_root)
 
+    def _canary_failure(self, service: api.SpecDecodeService, candidate: render.SpeculationChoice,
+                        canary: Optional[dict[str, Any]], now: datetime) -> Optional[str]:
+        """Why the canary's pods cannot start (the start-up failure classification of the main
+        Deployment's pods), as a cancel reason; None while they start or run."""
+        config = render.config_hash(service.spec, candidate)
+        if st.rollout_state(canary, config).live:
+            return None
+        found = self._startup_failure(service, candidate, config, now, canary=True)
+        if found is None:
+            return None
+        failure, diagnosis = found
+        where = f"pod {failure.pod}: {diagnosis.line or failure.detail}"
+        return f"the canary's pods cannot start: {diagnosis.cause.value}: {where}. Fix: {diagnosis.fix}"
+
     def _startup_failure(
-        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime
+        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime,
+        canary: bool = False,
     ) -> Optional[tuple[failures.PodFailure, failures.Diagnosis]]:
-        """The first pod of the current config that cannot start, and why (its termination
-        message and log tail, read as `kubectl logs [--previous]` would)."""
+        """The first pod of the config that cannot start, and why (its termination message and
+        log tail, read as `kubectl logs [--previous]` would): of the canary's pods, or else of
+        the main Deployment's (a canary that runs the same config is not theirs)."""
         spec = service.spec
-        selector = f"{render.selector_string(service.name)},{C.LABEL_CONFIG_HASH}={config}"
+        which = f"{C.LABEL_CANARY}=true" if canary else f"!{C.LABEL_CANARY}"
+        selector = f"{render.selector_string(service.name)},{which},{C.LABEL_CONFIG_HASH}={config}"
         pods = self.kube.list("v1", "Pod", service.namespace, label_selector=selector)
         deadline_s = api.parse_duration(spec.rollout.startup_timeout)
         failing = failures.pods_failing(pods, config, now, deadline_s)
@@ -241,17 +298,21 @@ class Controller:
 
     def _apply_children(
         self, objects: list[dict[str, Any]], service: api.SpecDecodeService, body: dict[str, Any], now: datetime,
-        children: Children = EVERYTHING,
-    ) -> tuple[Optional[dict[str, Any]], list[str], Optional[str]]:
+        children: Children = EVERYTHING, experiment: str = "",
+    ) -> "LiveChildren":
         """Apply each rendered object that is missing, was rendered differently (the hash
         annotation) or lacks some of what we render (content drift, whoever caused it); delete
-        stale ones. One child failing does not stop the others. `children`: which to read.
+        stale ones. One child failing does not stop the others. `children`: which to read;
+        `experiment`: which experiment status last named (`_experiment_marker`).
 
-        Returns the live Deployment, the kinds written, and the errors of the writes that failed.
+        Returns the live Deployments (main and canary), the kinds written, and the errors of
+        the writes that failed.
         """
         applied: list[str] = []
         errors: list[str] = []
         deployment: Optional[dict[str, Any]] = None
+        canary: Optional[dict[str, Any]] = None
+        canary_name = render.canary_name(service.name)
         for obj in objects:
             kind = obj["kind"]
             if children.only is not None and kind not in children.only and kind != "Deployment":
@@ -272,11 +333,40 @@ class Controller:
             except ApiException as err:
                 instrumentation.ERRORS.labels("apply").inc()
                 errors.append(f"applying {kind} failed: {_api_error_message(err)}")
-            if kind == "Deployment":
+            if kind == "Deployment" and obj["metadata"]["name"] == canary_name:
+                canary = live
+            elif kind == "Deployment":
                 deployment = live
-        if children.only is None and not children.new:
-            self._delete_stale(objects, service, applied, errors)
-        return deployment, applied, "; ".join(errors) or None
+        if not children.new:
+            if children.only is None:
+                self._delete_stale(objects, service, applied, errors)
+            # The canary is a Deployment: its own events (a deletion, a finished one) come as
+            # Deployment passes, so those look for a stale one too.
+            self._delete_stale_canary(objects, service, applied, errors, experiment)
+        return LiveChildren(deployment, canary, applied, "; ".join(errors) or None)
+
+    def _delete_stale_canary(self, objects: list[dict[str, Any]], service: api.SpecDecodeService,
+                             applied: list[str], errors: list[str], experiment: str) -> None:
+        """Delete the canary when no experiment runs. Read only until it is known gone for the
+        experiment status last named: a service whose experiment ended costs no read per pass
+        (a canary appears only with a new experiment, which changes the marker)."""
+        name = render.canary_name(service.name)
+        key = (service.namespace, service.name)
+        if any(o["kind"] == "Deployment" and o["metadata"]["name"] == name for o in objects):
+            self._canary_gone.pop(key, None)
+            return
+        if not experiment or self._canary_gone.get(key) == experiment:
+            return  # no experiment ever (status keeps the newest): no canary of ours
+        try:
+            stale = self.kube.get("apps/v1", "Deployment", name, service.namespace)
+            labels = (stale or {}).get("metadata", {}).get("labels") or {}
+            if stale and labels.get(C.LABEL_MANAGED_BY) == C.LABEL_MANAGED_BY_VALUE:
+                self.kube.delete("apps/v1", "Deployment", name, service.namespace)
+                applied.append("deleted canary Deployment")
+            self._canary_gone[key] = experiment
+        except ApiException as err:
+            instrumentation.ERRORS.labels("apply").inc()
+            errors.append(f"deleting Deployment {name} failed: {_api_error_message(err)}")
 
     def _delete_stale(self, objects: list[dict[str, Any]], service: api.SpecDecodeService, applied: list[str],
                       errors: list[str]) -> None:

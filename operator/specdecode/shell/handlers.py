@@ -215,7 +215,9 @@ def _evaluate(evaluator: Evaluator, body: kopf.Body, service: ServiceMemory, ret
 
 def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Memo, **_: Any) -> None:
     """A child Deployment changed (rollout progress) or vanished: reconcile its service's
-    Deployment and status (the other children did not change: the timer looks at them)."""
+    Deployments and status (the other children did not change: the timer looks at them). The
+    canary of an experiment is one of them: deleted or edited while its experiment runs, it is
+    applied again; left over after it, deleted; its pods failing to start cancel the experiment."""
     owner = labels.get(C.LABEL_SERVICE)
     if owner and type in ("MODIFIED", "DELETED", None):
         try:

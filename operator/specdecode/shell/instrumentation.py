@@ -73,6 +73,16 @@ def record_decision(namespace: str, service: str, action: str, mode: str) -> Non
         DECISIONS.labels(namespace, service, action, mode).inc()
 
 
+EXPERIMENTS = Counter(
+    "specdecode_experiments_total", "Canary experiments ended, by service, purpose and outcome (verdict).",
+    [*SERVICE_LABELS, "purpose", "outcome"],
+)
+
+
+def record_experiment(namespace: str, service: str, purpose: str, outcome: str) -> None:
+    EXPERIMENTS.labels(namespace, service, purpose, outcome).inc()
+
+
 def record_acceptance(namespace: str, service: str, alpha: Optional[float], floor: float) -> None:
     """The floor always; alpha only when the last evaluation measured it (a stale alpha would
     keep the acceptance-floor alert firing after speculation was turned off or traffic stopped)."""

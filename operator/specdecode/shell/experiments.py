@@ -1,0 +1,86 @@
+"""Canary experiments, the shell's side: the canary the reconcile runs, and the one way the
+shell ends an experiment from outside its test.
+
+The evaluator ends experiments by their test (promote, abort) in the control loop's status
+write. The shell ends one when the canary cannot run what the record says: its pods cannot
+start, the spec changed what is tested, or the service can no longer lend the canary its
+replicas. Every such end goes through `cancel_running_experiment`: one status write (the
+record ended Cancelled with the reason), one Warning Event, the experiments counter.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Optional
+
+from .. import api
+from .. import constants as C
+from .. import timestamps
+from ..control import experiments
+from ..control import status as st
+from ..render import workload as render
+from . import instrumentation
+from .kube import Kube
+
+EVENT_EXPERIMENT_CANCELLED = "ExperimentCancelled"
+
+
+def candidate_of(record: api.ExperimentRecord) -> render.SpeculationChoice:
+    """What the record's canary runs."""
+    return render.SpeculationChoice(k=record.candidate_k if record.candidate_enabled else None)
+
+
+def canary_for(spec: api.SpecDecodeServiceSpec, record: Optional[api.ExperimentRecord]) -> Optional[render.Canary]:
+    """The canary to render for a running experiment (None when none runs)."""
+    if record is None:
+        return None
+    plan = experiments.CanaryPlan.from_spec(spec)
+    return render.Canary(candidate=candidate_of(record), replicas=plan.replicas, main_replicas=plan.main_replicas(spec))
+
+
+def cancel_reason(spec: api.SpecDecodeServiceSpec, record: api.ExperimentRecord, incumbent_hash: str) -> Optional[str]:
+    """Why the running experiment cannot go on with this spec (None: it can). Checked before
+    anything is applied, so a canary never runs a config its record does not name and the main
+    Deployment never lends a replica it does not have."""
+    if spec.autotune.mode != api.AutotuneMode.AUTO:
+        return f"spec.autotune.mode is {spec.autotune.mode.value}: experiments run only in Auto mode"
+    blocker = experiments.CanaryPlan.from_spec(spec).blocker(spec)
+    if blocker is not None:
+        return f"the service can no longer run a canary: {blocker}"
+    if render.config_hash(spec, candidate_of(record)) != record.candidate_hash:
+        return "the spec changed the candidate's config: what was measured no longer applies"
+    if incumbent_hash != record.incumbent_hash:
+        return "the running config changed: the canary no longer runs beside the config it was compared with"
+    return None
+
+
+def cancelled(status: api.SpecDecodeServiceStatus, reason: str, now: datetime,
+              generation: Optional[int]) -> Optional[api.SpecDecodeServiceStatus]:
+    """`status` with its running experiment ended Cancelled for `reason` (None: none runs)."""
+    record = experiments.running_record(status)
+    if record is None:
+        return None
+    ended = record.model_copy(update={"verdict": experiments.Verdict.CANCELLED.value,
+                                      "ended_at": timestamps.rfc3339(now), "reason": reason[:512]})
+    conditions = st.set_condition(status.conditions, C.COND_EXPERIMENTING, False,
+                                  experiments.Verdict.CANCELLED.value, reason[:1024], now, generation)
+    return status.model_copy(update={"experiments": [*status.experiments[:-1], ended], "conditions": conditions})
+
+
+def cancel_running_experiment(kube: Kube, body: dict[str, Any], status: api.SpecDecodeServiceStatus, reason: str,
+                              now: datetime) -> Optional[api.SpecDecodeServiceStatus]:
+    """End the running experiment Cancelled: write `status` (the caller's new status, or the
+    object's own) with the record ended, post a Warning Event and count the outcome. Returns
+    the status written, None when no experiment was running (nothing written). The status
+    write is guarded by the object's resourceVersion: a Conflict leaves the experiment running
+    for the retry to judge again."""
+    meta = body["metadata"]
+    record = experiments.running_record(status)
+    new = cancelled(status, reason, now, meta.get("generation"))
+    if record is None or new is None:
+        return None
+    kube.replace_status(body, new.to_wire())
+    instrumentation.record_experiment(meta["namespace"], meta["name"], record.purpose, experiments.Verdict.CANCELLED.value)
+    kube.post_event(body, "Warning", EVENT_EXPERIMENT_CANCELLED,
+                    f"{record.purpose} experiment with {record.candidate} cancelled: {reason}", now)
+    return new
