@@ -38,10 +38,11 @@ namespace. */}}
 - apiGroups: ["serving.specdecode.io"]
   resources: ["specdecodeservices/status"]
   verbs: ["patch"]
-# Children, written by server-side apply; Deployments are watched for rollouts.
+# Children, written by server-side apply; Deployments are watched for rollouts, and a canary
+# experiment's Deployment is deleted when the experiment ends.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "patch", "delete"]
