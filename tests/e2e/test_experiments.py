@@ -42,8 +42,10 @@ NAME = "llama"
 CANARY = f"{NAME}{C.CANARY_SUFFIX}"
 REPLICAS = 3
 RATE = 3.0  # requests per second over all replicas: the canary's third is 1 request/s
-# Experiments judged in about a minute: a few windows of 5 s and a few dozen requests a side.
+# Experiments judged in about a minute: an experiment measures disjoint windows of
+# autotune.window (10 s here), at least three, and a few dozen requests a side.
 FAST_EXPERIMENTS = {"minRequests": 20, "maxDuration": "3m", "minEffect": 0.03}
+WINDOW = "10s"
 
 
 def service_doc(namespace: str, prometheus_url: str, k: int, experiments: dict, **autotune) -> dict:
@@ -57,8 +59,8 @@ def service_doc(namespace: str, prometheus_url: str, k: int, experiments: dict, 
             "replicas": REPLICAS,
             # No spare GPU: the canary borrows one of the service's replicas (capacity-neutral).
             "rollout": {"maxSurge": 0, "maxUnavailable": 1},
-            "autotune": {**FAST_AUTOTUNE, "mode": "Auto", "experiments": {**FAST_EXPERIMENTS, **experiments},
-                         **autotune},
+            "autotune": {**FAST_AUTOTUNE, "window": WINDOW, "mode": "Auto",
+                         "experiments": {**FAST_EXPERIMENTS, **experiments}, **autotune},
             "metrics": {"prometheusUrl": prometheus_url, "scrapeInterval": "1s"},
         },
     }
@@ -140,7 +142,7 @@ def best_k(rate: float, acceptance: float) -> int:
 
 
 def test_a_collapse_is_recovered_by_a_canary_and_promoted(cluster, kube_api, operator, namespace, tmp_path):
-    collapse_at, recover_at = 40.0, 90.0
+    collapse_at, recover_at = 40.0, 70.0
     phases = [{"at": 0, "request_rate": RATE, "acceptance": 0.8, **WORKLOAD},
               {"at": collapse_at, "acceptance": 0.2}, {"at": recover_at, "acceptance": 0.8}]
     with simulated(cluster, tmp_path, namespace, scenario_file(tmp_path, "recovery", phases)) as sim:
@@ -169,7 +171,7 @@ def test_a_collapse_is_recovered_by_a_canary_and_promoted(cluster, kube_api, ope
         st = status(kube_api, namespace)
         assert st["speculation"]["enabled"] is True and st["speculation"]["k"] == record["candidateK"]
         events = yaml.safe_load(kubectl(cluster, "get", "events", "-n", namespace, "-o", "yaml").stdout)["items"]
-        assert any(e["reason"] == "ExperimentPromoted" for e in events), [e["reason"] for e in events]
+        assert any(e["reason"] == C.EVENT_EXPERIMENT_PROMOTED for e in events), [e["reason"] for e in events]
 
 
 def _a_control_experiment(cluster, kube_api, namespace: str, prometheus_url: str, **experiments) -> dict:
@@ -311,6 +313,7 @@ def test_a_deleted_canary_is_put_back_and_a_cancelled_experiment_takes_it_away(c
     # Autotune leaves Auto: the experiment is cancelled through the one cancel path.
     apply(cluster, service_doc(namespace, NO_PROMETHEUS, k=3, experiments={"control": False}, mode="Recommend"))
     ended = wait_experiment_over(kube_api, namespace, record["startedAt"], 30)
+    # The reconcile of the edit or the next evaluation, whichever comes first, ends it.
     assert ended["verdict"] == "Cancelled" and "Recommend" in ended["reason"], ended
     events = yaml.safe_load(kubectl(cluster, "get", "events", "-n", namespace, "-o", "yaml").stdout)["items"]
-    assert [e["reason"] for e in events].count("ExperimentCancelled") == 1
+    assert [e["reason"] for e in events].count(C.EVENT_EXPERIMENT_CANCELLED) == 1

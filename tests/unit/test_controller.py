@@ -339,7 +339,7 @@ def test_a_canary_whose_pods_cannot_start_cancels_the_experiment_once():
     [record] = kube.service()["status"]["experiments"]
     assert record["verdict"] == "Cancelled" and record["endedAt"]
     assert "canary's pods cannot start" in record["reason"] and "OOMKilled" in record["reason"]
-    assert [e[:2] for e in kube.writes.events[events:]].count(("Warning", "ExperimentCancelled")) == 1
+    assert [e[:2] for e in kube.writes.events[events:]].count(("Warning", C.EVENT_EXPERIMENT_CANCELLED)) == 1
     assert _deployment(kube, "llama-canary") is None and _deployment(kube)["spec"]["replicas"] == 3
     assert kube.service()["status"]["speculation"]["k"] == 3  # the main Deployment's config is untouched
     _writes_nothing(kube, controller)

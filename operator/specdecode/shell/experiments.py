@@ -16,14 +16,10 @@ from typing import Any, Optional
 from .. import api
 from .. import constants as C
 from .. import timestamps
-from ..control import experiments
-from ..control import status as st
+from ..control import evaluation, experiments
 from ..render import workload as render
 from . import instrumentation
 from .kube import Kube
-
-EVENT_EXPERIMENT_CANCELLED = "ExperimentCancelled"
-
 
 def candidate_of(record: api.ExperimentRecord) -> render.SpeculationChoice:
     """What the record's canary runs."""
@@ -62,8 +58,7 @@ def cancelled(status: api.SpecDecodeServiceStatus, reason: str, now: datetime,
         return None
     ended = record.model_copy(update={"verdict": experiments.Verdict.CANCELLED.value,
                                       "ended_at": timestamps.rfc3339(now), "reason": reason[:512]})
-    conditions = st.set_condition(status.conditions, C.COND_EXPERIMENTING, False,
-                                  experiments.Verdict.CANCELLED.value, reason[:1024], now, generation)
+    conditions = evaluation.experimenting_condition(status.conditions, ended, now, generation)
     return status.model_copy(update={"experiments": [*status.experiments[:-1], ended], "conditions": conditions})
 
 
@@ -81,6 +76,6 @@ def cancel_running_experiment(kube: Kube, body: dict[str, Any], status: api.Spec
         return None
     kube.replace_status(body, new.to_wire())
     instrumentation.record_experiment(meta["namespace"], meta["name"], record.purpose, experiments.Verdict.CANCELLED.value)
-    kube.post_event(body, "Warning", EVENT_EXPERIMENT_CANCELLED,
+    kube.post_event(body, "Warning", C.EVENT_EXPERIMENT_CANCELLED,
                     f"{record.purpose} experiment with {record.candidate} cancelled: {reason}", now)
     return new
