@@ -364,3 +364,28 @@ def test_the_state_stores_its_experiments_in_status_and_reads_them_back():
     again = cs.to_status(state, status, SPEC, max_history=C.MAX_DECISION_HISTORY)
     assert again.to_wire() == status.to_wire()
     assert [e.to_record() for e in state.experiments] == status.experiments
+
+
+# --- the rules during and after an experiment -------------------------------------------------
+
+
+def test_while_a_canary_borrows_a_replica_the_rules_judge_the_main_by_its_own_replicas():
+    from specdecode.control.canary import serving_settings
+
+    settings = PolicySettings.from_spec(SPEC)
+    running = cs.from_status(live_status(SPEC, 3, experiments=(running_change(SPEC, 3, 5),)), SPEC, _dt(NOW))
+    idle = cs.from_status(live_status(SPEC, 3), SPEC, _dt(NOW))
+    assert serving_settings(settings, running).replicas == 2 and serving_settings(settings, idle).replicas == 3
+    surge = make_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}, autotune={"experiments": {"maxExtraReplicas": 1}})
+    extra = cs.from_status(live_status(surge, 3, experiments=(running_change(surge, 3, 5),)), surge, _dt(NOW))
+    assert serving_settings(PolicySettings.from_spec(surge), extra).replicas == 3  # the canary is extra
+
+
+def test_a_promoted_reprobe_is_measured_not_on_trial():
+    from specdecode.control.canary import promoted_lately
+
+    results, status = drive(SPEC, live_status(SPEC, None), 30, factor=0.9)
+    promoted_at = next(now for now, r in results if r.rerender)
+    state = cs.from_status(status, SPEC, _dt(promoted_at + 600))
+    assert state.enabled and promoted_lately(state)
+    assert not promoted_lately(cs.from_status(live_status(SPEC, 3), SPEC, _dt(NOW)))
