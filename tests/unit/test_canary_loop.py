@@ -389,3 +389,52 @@ def test_a_promoted_reprobe_is_measured_not_on_trial():
     state = cs.from_status(status, SPEC, _dt(promoted_at + 600))
     assert state.enabled and promoted_lately(state)
     assert not promoted_lately(cs.from_status(live_status(SPEC, 3), SPEC, _dt(NOW)))
+
+
+def _records():
+    from hypothesis import strategies as st
+
+    verdicts = st.sampled_from(["Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"])
+    times = st.integers(1_700_000_000, 1_900_000_000)
+
+    @st.composite
+    def record(draw, verdicts):
+        verdict = draw(verdicts)
+        k = draw(st.one_of(st.none(), st.integers(1, 8)))
+        started = draw(times)
+        effect = draw(st.one_of(st.none(), st.floats(-0.5, 0.5).map(lambda e: round(e, 4))))
+        return api.ExperimentRecord(
+            purpose=draw(st.sampled_from(["Reprobe", "Change", "Control"])),
+            candidate=f"draft_model K={k}" if k else "off", candidate_enabled=k is not None, candidate_k=k,
+            candidate_hash=draw(st.sampled_from(["c1", "c2"])), incumbent_hash="i",
+            started_at=timestamps.rfc3339(started),
+            ended_at=None if verdict == "Running" else timestamps.rfc3339(started + draw(st.integers(0, 3600))),
+            verdict=verdict, reason=draw(st.text(max_size=30)),
+            effect=effect, effect_low=None if effect is None else round(effect - 0.01, 4),
+            effect_high=None if effect is None else round(effect + 0.01, 4),
+            windows=draw(st.integers(0, 9)), paired_windows=draw(st.integers(0, 9)),
+            requests=draw(st.floats(0, 1e5).map(lambda r: round(r, 1))),
+            incumbent_requests=draw(st.floats(0, 1e5).map(lambda r: round(r, 1))),
+            log_ratio_sum=draw(st.floats(-3, 3)), log_ratio_sum_squares=draw(st.floats(0, 9)),
+            last_window_at=draw(st.one_of(st.none(), times.map(timestamps.rfc3339))),
+        )
+
+    return st.tuples(st.lists(record(verdicts), max_size=7), st.one_of(st.none(), record(st.just("Running"))))
+
+
+def test_any_stored_experiments_read_back_as_written():
+    from hypothesis import given, settings
+
+    @settings(max_examples=150, deadline=None)
+    @given(_records())
+    def check(drawn):
+        ended, running = drawn
+        records = ended + ([running] if running is not None else [])
+        status = live_status(SPEC, 3).model_copy(update={"experiments": records})
+        state = cs.from_status(status, SPEC, _dt(NOW))
+        assert (state.experiment is not None) == (running is not None)
+        again = cs.to_status(state, status, SPEC, max_history=C.MAX_DECISION_HISTORY)
+        assert [r.to_wire() for r in again.experiments] == [r.to_wire() for r in records]
+        assert [e.to_record().to_wire() for e in state.experiments] == [r.to_wire() for r in records]
+
+    check()
