@@ -364,3 +364,77 @@ def test_the_state_stores_its_experiments_in_status_and_reads_them_back():
     again = cs.to_status(state, status, SPEC, max_history=C.MAX_DECISION_HISTORY)
     assert again.to_wire() == status.to_wire()
     assert [e.to_record() for e in state.experiments] == status.experiments
+
+
+# --- the rules during and after an experiment -------------------------------------------------
+
+
+def test_while_a_canary_borrows_a_replica_the_rules_judge_the_main_by_its_own_replicas():
+    from specdecode.control.canary import serving_settings
+
+    settings = PolicySettings.from_spec(SPEC)
+    running = cs.from_status(live_status(SPEC, 3, experiments=(running_change(SPEC, 3, 5),)), SPEC, _dt(NOW))
+    idle = cs.from_status(live_status(SPEC, 3), SPEC, _dt(NOW))
+    assert serving_settings(settings, running).replicas == 2 and serving_settings(settings, idle).replicas == 3
+    surge = make_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}, autotune={"experiments": {"maxExtraReplicas": 1}})
+    extra = cs.from_status(live_status(surge, 3, experiments=(running_change(surge, 3, 5),)), surge, _dt(NOW))
+    assert serving_settings(PolicySettings.from_spec(surge), extra).replicas == 3  # the canary is extra
+
+
+def test_a_promoted_reprobe_is_measured_not_on_trial():
+    from specdecode.control.canary import promoted_lately
+
+    results, status = drive(SPEC, live_status(SPEC, None), 30, factor=0.9)
+    promoted_at = next(now for now, r in results if r.rerender)
+    state = cs.from_status(status, SPEC, _dt(promoted_at + 600))
+    assert state.enabled and promoted_lately(state)
+    assert not promoted_lately(cs.from_status(live_status(SPEC, 3), SPEC, _dt(NOW)))
+
+
+def _records():
+    from hypothesis import strategies as st
+
+    verdicts = st.sampled_from(["Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"])
+    times = st.integers(1_700_000_000, 1_900_000_000)
+
+    @st.composite
+    def record(draw, verdicts):
+        verdict = draw(verdicts)
+        k = draw(st.one_of(st.none(), st.integers(1, 8)))
+        started = draw(times)
+        effect = draw(st.one_of(st.none(), st.floats(-0.5, 0.5).map(lambda e: round(e, 4))))
+        return api.ExperimentRecord(
+            purpose=draw(st.sampled_from(["Reprobe", "Change", "Control"])),
+            candidate=f"draft_model K={k}" if k else "off", candidate_enabled=k is not None, candidate_k=k,
+            candidate_hash=draw(st.sampled_from(["c1", "c2"])), incumbent_hash="i",
+            started_at=timestamps.rfc3339(started),
+            ended_at=None if verdict == "Running" else timestamps.rfc3339(started + draw(st.integers(0, 3600))),
+            verdict=verdict, reason=draw(st.text(max_size=30)),
+            effect=effect, effect_low=None if effect is None else round(effect - 0.01, 4),
+            effect_high=None if effect is None else round(effect + 0.01, 4),
+            windows=draw(st.integers(0, 9)), paired_windows=draw(st.integers(0, 9)),
+            requests=draw(st.floats(0, 1e5).map(lambda r: round(r, 1))),
+            incumbent_requests=draw(st.floats(0, 1e5).map(lambda r: round(r, 1))),
+            log_ratio_sum=draw(st.floats(-3, 3)), log_ratio_sum_squares=draw(st.floats(0, 9)),
+            last_window_at=draw(st.one_of(st.none(), times.map(timestamps.rfc3339))),
+        )
+
+    return st.tuples(st.lists(record(verdicts), max_size=7), st.one_of(st.none(), record(st.just("Running"))))
+
+
+def test_any_stored_experiments_read_back_as_written():
+    from hypothesis import given, settings
+
+    @settings(max_examples=150, deadline=None)
+    @given(_records())
+    def check(drawn):
+        ended, running = drawn
+        records = ended + ([running] if running is not None else [])
+        status = live_status(SPEC, 3).model_copy(update={"experiments": records})
+        state = cs.from_status(status, SPEC, _dt(NOW))
+        assert (state.experiment is not None) == (running is not None)
+        again = cs.to_status(state, status, SPEC, max_history=C.MAX_DECISION_HISTORY)
+        assert [r.to_wire() for r in again.experiments] == [r.to_wire() for r in records]
+        assert [e.to_record().to_wire() for e in state.experiments] == [r.to_wire() for r in records]
+
+    check()

@@ -63,11 +63,33 @@ def run(
     if running is not None:
         why = _cancel_reason(settings, policy, state, running, decision)
         if why is None:
+            assert policy is not None  # no policy cancels
             return _measure(settings, policy, state, running, decision, observed, canary, at)
         state = replace(state, experiments=state.experiments[:-1] + (running.cancel(why, at),))
         if decision.changes and decision.rule not in CANARIED_RULES:
             return decision, state  # the safety move applies now
     return _start_if_due(settings, policy, state, decision, at)
+
+
+def serving_settings(settings: PolicySettings, state: ControlState) -> PolicySettings:
+    """The settings the rules judge the running config by. While a canary borrows replicas,
+    the main Deployment runs fewer (`CanaryPlan.main_replicas`) and the incumbent's window
+    holds only their share of the traffic: per replica, the load is what it was."""
+    policy = settings.experiments
+    if state.experiment is None or policy is None or not policy.plan.borrows_replicas(policy.spec):
+        return settings
+    return replace(settings, replicas=max(1, policy.plan.main_replicas(policy.spec)))
+
+
+def promoted_lately(state: ControlState) -> bool:
+    """The running config was measured on a canary and promoted (the last change was that
+    promotion): it is not on trial like a re-probe the model only predicted."""
+    if not state.experiments:
+        return False
+    last = state.experiments[-1]
+    return (last.outcome is not None and last.outcome.verdict is Verdict.PROMOTE
+            and last.candidate_k == (state.k if state.enabled else None) and last.ended_at is not None
+            and last.ended_at >= math.floor(state.since))
 
 
 # --- a running experiment ----------------------------------------------------------------------

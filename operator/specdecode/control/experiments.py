@@ -467,7 +467,7 @@ class Experiment:
             evidence=evidence,
             outcome=Outcome(verdict, record.reason, record.windows, evidence.candidate_requests,
                             evidence.incumbent_requests, effect=record.effect, interval=interval)
-            if record.reason or verdict.final else None,
+            if record.reason or verdict.final or record.effect is not None or interval is not None else None,
             ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
             candidate_k=record.candidate_k if record.candidate_enabled else None,
             last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),

@@ -107,6 +107,7 @@ from typing import Mapping, Sequence
 
 from specdecode import constants
 from specdecode.api import AutotuneMode
+from specdecode.control.canary import promoted_lately
 from specdecode.control.decision import (
     FLOOR_RULES, Action, Condition, ConfigPrediction, Decision, Held, Rule,
 )
@@ -163,9 +164,10 @@ class _Context:
 
     @property
     def in_probe_trial(self) -> bool:
-        """A re-probe whose first full window after warm-up is not over yet."""
+        """A re-probe whose first full window after warm-up is not over yet (one promoted by a
+        canary experiment was measured already: it is not on trial)."""
         live = self.state.live_since
-        if not self.memory.in_probe or live is None:
+        if not self.memory.in_probe or live is None or promoted_lately(self.state):
             return False
         return self.now < live + self.settings.warmup_s + self.settings.window_s
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdecode import constants
-from specdecode.control.canary import run as run_experiments
+from specdecode.control.canary import run as run_experiments, serving_settings
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import history_entry, recent_low_alpha, stored
@@ -29,7 +29,7 @@ def step(
     canary experiments have their say (`canary.run`: a predicted move may start an
     experiment instead; a running one is measured on ``canary``, the canary's observation,
     against ``observed``, and may be promoted, aborted or cancelled)."""
-    decision = decide(settings, state, observed, state.history, now)
+    decision = decide(serving_settings(settings, state), state, observed, state.history, now)
     decision, state = run_experiments(settings, state, decision, observed, canary, now)
     window = observed.window if observed.available else None
     return decision, advance(state, decision, window, settings.min_drafts, now)
