@@ -98,6 +98,11 @@ EVENT_INVALID_SPEC = "InvalidSpec"
 # the object) and says so.
 EVENT_TOOK_BACK = "TookBackFields"
 EVENT_RECREATED = "Recreated"
+# Canary experiments (issue #15): one Event when one starts and one when it ends.
+EVENT_EXPERIMENT_STARTED = "ExperimentStarted"
+EVENT_EXPERIMENT_PROMOTED = "ExperimentPromoted"
+EVENT_EXPERIMENT_ABORTED = "ExperimentAborted"
+EVENT_EXPERIMENT_CANCELLED = "ExperimentCancelled"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20

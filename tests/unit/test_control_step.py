@@ -29,7 +29,9 @@ SPEC = api.parse_spec({
     "speculation": {"method": "draft_model", "draftModel": "meta-llama/Llama-3.2-1B-Instruct",
                     "numSpeculativeTokens": 3, "minK": 1, "maxK": 6},
     "replicas": 2,
-    "autotune": {"slo": {"p95EndToEnd": "5s", "p95TimePerOutputToken": "20ms"}},
+    # Moves apply at once here: canary experiments have their own restart test
+    # (tests/unit/test_canary_loop.py).
+    "autotune": {"slo": {"p95EndToEnd": "5s", "p95TimePerOutputToken": "20ms"}, "experiments": {"enabled": False}},
     "rollout": {"maxSurge": 1, "maxUnavailable": 0},
 })
 HASH = "hash"  # the config hash of test_policy.observe's observations

@@ -75,6 +75,7 @@ def test_every_sample_becomes_a_valid_fast_demo_service(sample):
     assert parsed.metadata["namespace"] == "specdecode-demo"
     autotune = service["spec"]["autotune"]
     assert autotune["mode"] == "Auto" and autotune["evaluationInterval"] == "5s" and autotune["window"] == "30s"
+    assert autotune["experiments"] == {"enabled": False}  # the demo shows the loop's own moves
     assert service["spec"]["rollout"] == {**original["spec"].get("rollout", {}), "maxSurge": 1, "maxUnavailable": 0}
     assert service["spec"]["metrics"]["prometheusUrl"] == PROMETHEUS
     # The demo's namespace has no token Secret and no model-cache PVC.

@@ -428,3 +428,68 @@ def test_a_service_being_deleted_is_not_evaluated():
     body["metadata"]["deletionTimestamp"] = rfc3339(T0)
     assert _evaluator(reader, kube).evaluate_if_due(body, ServiceMemory()) is None
     assert reader.reads == [] and kube.writes.count() == 0
+
+
+# --------------------------------------------------------------------------- canary experiments
+
+
+def test_a_reprobe_runs_on_a_canary_read_from_the_same_prometheus_read_and_is_counted_once_written():
+    """Speculation off for two hours on three replicas: the re-probe starts a canary experiment
+    (a reconcile creates the canary), each window reads the canary's own config hash from the
+    same batched read, and the promotion is written, rerendered and counted by its verdict."""
+    from prometheus_client import REGISTRY
+
+    spec = {"model": {"name": "/models/m"}, "speculation": {"method": "draft_model", "draftModel": "/models/d",
+                                                              "numSpeculativeTokens": 3},
+            "replicas": 3, "autotune": {"evaluationInterval": "60s"}}
+    parsed = api.parse_spec(spec)
+    status = api.SpecDecodeServiceStatus(
+        phase="Serving", ready_replicas=3,
+        speculation=api.EffectiveSpeculation(
+            enabled=False, method="draft_model", since=rfc3339(T0 - timedelta(hours=2)),
+            live_since=rfc3339(T0 - timedelta(hours=2)), config_hash="abc", live=True, cause="Policy",
+            spec_hash=st.declared_speculation_hash(parsed)))
+    kube = _kube({"spec": spec, "status": status.to_wire()})
+    rng = random.Random(5)
+    canary_reads = []
+
+    def snapshot(scopes, at):
+        stored = kube.service("llama", "ns")["status"]
+        running = [e for e in stored.get("experiments", []) if e["verdict"] == "Running"]
+        observations = {}
+        for scope in scopes:
+            arms = {ConfigKey("ns", "llama", "abc"): observe(WORKLOAD, 0, scope.window_s, rate_factor=1 + rng.uniform(-0.02, 0.02))}
+            if running:
+                record = running[-1]
+                arms[ConfigKey("ns", "llama", record["candidateHash"])] = observe(
+                    WORKLOAD, record["candidateK"], scope.window_s, rate_factor=1 + rng.uniform(-0.02, 0.02))
+                canary_reads.append(record["candidateHash"])
+            observations[scope] = arms
+        return metrics.MetricsSnapshot(evaluated_at=at, observations=observations, queries=1)
+
+    def counted(outcome: str) -> float:
+        return REGISTRY.get_sample_value("specdecode_experiments_total", {
+            "namespace": "ns", "specdecode_service": "llama", "purpose": "Reprobe", "outcome": outcome}) or 0.0
+
+    now = [T0]
+    reader = CountingReader(snapshot=snapshot)
+    ev, memory = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
+    controller = ev.controller
+    promoted_before = counted("Promote")
+    _tick(ev, kube, memory)
+    stored = kube.service("llama", "ns")["status"]
+    assert stored["experiments"][-1]["verdict"] == "Running" and stored["speculation"]["enabled"] is False
+    assert [c["status"] for c in stored["conditions"] if c["type"] == C.COND_EXPERIMENTING] == ["True"]
+    assert C.EVENT_EXPERIMENT_STARTED in [reason for _, reason, _ in kube.writes.events]
+    assert controller.reconciles == 1  # the canary is created now
+    for minute in range(1, 45):
+        now[0] = T0 + timedelta(minutes=minute)
+        _tick(ev, kube, memory)
+        if kube.service("llama", "ns")["status"]["speculation"]["enabled"]:
+            break
+    stored = kube.service("llama", "ns")["status"]
+    assert stored["speculation"]["enabled"] and stored["experiments"][-1]["verdict"] == "Promote"
+    assert canary_reads and len(reader.reads) == minute + 1  # the canary arm costs no extra read
+    assert counted("Promote") == promoted_before + 1
+    assert C.EVENT_EXPERIMENT_PROMOTED in [reason for _, reason, _ in kube.writes.events]
+    assert controller.reconciles == 2  # the promotion rolls the main Deployment, the canary goes

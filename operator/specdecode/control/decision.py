@@ -48,8 +48,13 @@ class Rule(StrEnum):
     HOLD = "hold"
     COOLDOWN = "cooldown"
     BUDGET = "budget"
+    EXPERIMENT = "experiment"
+    """A canary experiment: started instead of a move, running, or promoted (the change)."""
 
 
+CANARIED_RULES = frozenset({Rule.TUNE, Rule.REPROBE})
+"""Moves the model predicts that are tested on a canary first (Auto mode, a plan without a
+blocker); every other change (the floor, the guards, bounds, hedges) applies at once."""
 FLOOR_RULES = frozenset({Rule.FLOOR, Rule.COLLAPSE})
 """The acceptance floor on the long (floor) and the short (collapse) window: the user's hard
 rule, no restart price."""
@@ -60,8 +65,8 @@ PROBE_RULES = frozenset({Rule.REPROBE, Rule.PROBE_ABANDON})
 
 
 class Held(StrEnum):
-    """Why nothing changes (`Decision.hold`); the first four also say why a rule that wanted
-    a change held instead (``Decision.held``)."""
+    """Why nothing changes (`Decision.hold`); the first four and EXPERIMENT also say why a rule
+    that wanted a change held instead (``Decision.held``)."""
 
     OVERLOAD = "overload"
     """The rollout would overload the replicas left serving and not repay itself."""
@@ -79,6 +84,8 @@ class Held(StrEnum):
     """Nothing is predicted to pay enough to change (or a re-probe is not due)."""
     MODE_OFF = "mode-off"
     """autotune.mode Off: no decisions."""
+    EXPERIMENT = "experiment"
+    """A canary experiment tests the change (or one runs, or the candidate lost one lately)."""
 
 
 HOLD_OF_RULE = {
@@ -90,6 +97,7 @@ HOLD_OF_RULE = {
     Rule.SAMPLES: Held.SAMPLES,
     Rule.COOLDOWN: Held.COOLDOWN,
     Rule.BUDGET: Held.BUDGET,
+    Rule.EXPERIMENT: Held.EXPERIMENT,
 }
 """The hold each rule that decides to hold stands for (other rules: settled)."""
 

@@ -37,6 +37,17 @@ class EvaluationResult:
     decision: Decision
     events: tuple[tuple[str, str, str], ...]  # (type, reason, message)
     rerender: bool  # the effective speculation changed: the Deployment must be re-rendered
+    experiments_started: tuple[api.ExperimentRecord, ...] = ()
+    """Canary experiments this evaluation started (the canary must be created)."""
+    experiments_ended: tuple[api.ExperimentRecord, ...] = ()
+    """Canary experiments this evaluation ended, with their verdict (the canary must go; the
+    shell counts them, by purpose and verdict, once the status is written)."""
+
+    @property
+    def children_changed(self) -> bool:
+        """The children differ from what the reconcile last rendered: the main Deployment's
+        config, or a canary to create or delete (and the main's replicas with it)."""
+        return self.rerender or bool(self.experiments_started) or bool(self.experiments_ended)
 
 
 
@@ -82,12 +93,15 @@ def evaluate(
     observed: PolicyObservations,
     generation: Optional[int],
     now: datetime,
+    canary: Optional[metrics.Observation] = None,
 ) -> EvaluationResult:
     """One evaluation: the state from status, one `step`, and the status after it
-    (observations, recommendation, history, conditions and, when the operator acts, the new
-    effective speculation)."""
+    (observations, recommendation, history, conditions, experiments and, when the operator
+    acts, the new effective speculation). ``canary`` is the running experiment's canary arm
+    over the long window (`observations_for` with the record's candidateHash), from the same
+    read as ``observed``."""
     state = cs.from_status(status, spec, now, generation)
-    decision, after = step(settings, state, observed, now.timestamp())
+    decision, after = step(settings, state, observed, now.timestamp(), canary)
     return apply_decision(status, spec, decision, after, observed, generation, now)
 
 
@@ -133,8 +147,58 @@ def apply_decision(
         after, status, spec, reason=decision.reason,
         observation=None if window is None else window.to_status(),
         max_history=C.MAX_DECISION_HISTORY,
-    ).model_copy(update={"conditions": conds, "recommendation": recommendation})
-    return EvaluationResult(new_status, decision, tuple(events), rerender)
+    )
+    started, ended = experiment_transitions(status.experiments, new_status.experiments)
+    events.extend(experiment_events(started, ended, decision.reason))
+    if new_status.experiments:
+        conds = experimenting_condition(conds, new_status.experiments[-1], now, generation)
+    new_status = new_status.model_copy(update={"conditions": conds, "recommendation": recommendation})
+    return EvaluationResult(new_status, decision, tuple(events), rerender, started, ended)
+
+
+def experiment_transitions(
+    before: list[api.ExperimentRecord], after: list[api.ExperimentRecord]
+) -> tuple[tuple[api.ExperimentRecord, ...], tuple[api.ExperimentRecord, ...]]:
+    """(started, ended): the experiments ``after`` has running that ``before`` did not have,
+    and those running in ``before`` that ``after`` has ended."""
+    def key(record: api.ExperimentRecord) -> tuple[str, str]:
+        return (record.started_at, record.candidate_hash)
+
+    known = {key(r) for r in before}
+    was_running = {key(r) for r in before if r.running}
+    started = tuple(r for r in after if r.running and key(r) not in known)
+    ended = tuple(r for r in after if not r.running and key(r) in was_running)
+    return started, ended
+
+
+def experiment_events(
+    started: tuple[api.ExperimentRecord, ...], ended: tuple[api.ExperimentRecord, ...], why: str
+) -> list[tuple[str, str, str]]:
+    """One Event per experiment started (``why``: the decision that started it) and ended."""
+    events = [("Normal", C.EVENT_EXPERIMENT_STARTED, why) for _ in started]
+    for r in ended:
+        if r.verdict == "Promote":
+            events.append(("Normal", C.EVENT_EXPERIMENT_PROMOTED, f"{r.purpose}: {r.candidate} promoted: {r.reason}"))
+        elif r.verdict == "Cancelled":
+            events.append(("Normal", C.EVENT_EXPERIMENT_CANCELLED, f"{r.purpose}: {r.candidate} cancelled: {r.reason}"))
+        else:
+            events.append(("Normal", C.EVENT_EXPERIMENT_ABORTED,
+                           f"{r.purpose}: {r.candidate} aborted ({r.verdict}): {r.reason}"))
+    return events
+
+
+def experimenting_condition(
+    conditions: list[api.Condition], latest: api.ExperimentRecord, now: datetime, generation: Optional[int]
+) -> list[api.Condition]:
+    """Experimenting: True while the latest experiment runs (reason: its purpose), False with
+    its verdict once it ended. Neutral for GitOps health: the main Deployment serves."""
+    if latest.running:
+        progress = latest.reason or "starting the canary"
+        message = (f"{latest.purpose}: {latest.candidate} on the canary against the running config "
+                   f"({latest.paired_windows} paired windows): {progress}")
+        return st.set_condition(conditions, C.COND_EXPERIMENTING, True, latest.purpose, message, now, generation)
+    message = f"last experiment ({latest.purpose}, {latest.candidate}) ended {latest.verdict}: {latest.reason}"
+    return st.set_condition(conditions, C.COND_EXPERIMENTING, False, latest.verdict, message, now, generation)
 
 
 def _same_advice(a: api.Recommendation, b: api.Recommendation) -> bool:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Optional
 
 from specdecode import api, timestamps
 from specdecode.api import ExperimentRecord
+from specdecode.render import workload
 
 if TYPE_CHECKING:
     from specdecode.control.metrics import Observation
@@ -136,8 +137,9 @@ class Evidence:
             paired=self.paired + int(usable),
             log_ratio_sum=self.log_ratio_sum + ratio,
             log_ratio_sum_squares=self.log_ratio_sum_squares + ratio * ratio,
-            candidate_requests=self.candidate_requests + max(0.0, window.candidate.requests),
-            incumbent_requests=self.incumbent_requests + max(0.0, window.incumbent.requests),
+            # Kept at the status's precision, so a restarted operator resumes with the same counts.
+            candidate_requests=round(self.candidate_requests + max(0.0, window.candidate.requests), 1),
+            incumbent_requests=round(self.incumbent_requests + max(0.0, window.incumbent.requests), 1),
         )
 
     @property
@@ -309,9 +311,36 @@ class CanaryPlan:
         if self.borrows_replicas(spec) and spec.replicas <= self.replicas:
             return (
                 f"a capacity-neutral canary of {self.replicas} replica(s) needs spec.replicas >= "
-                f"{self.replicas + 1} (is {spec.replicas}); or room for an extra replica (spec.rollout.maxSurge > 0)"
+                f"{self.replicas + 1} (is {spec.replicas}); or extra canary replicas: "
+                f"spec.autotune.experiments.maxExtraReplicas >= {self.replicas} with spec.rollout.maxSurge > 0"
             )
         return None
+
+
+@dataclass(frozen=True)
+class ExperimentPolicy:
+    """What the control loop needs of the spec to run experiments: the plan, what blocks it,
+    the test's thresholds, and the config hash of each candidate (the label its canary pods
+    carry, which keeps the two arms apart in the metrics)."""
+
+    spec: "api.SpecDecodeServiceSpec"
+    plan: CanaryPlan
+    blocker: Optional[str]
+    """`CanaryPlan.blocker` for this spec; None when an experiment can run."""
+    test: ExperimentSettings
+
+    @classmethod
+    def from_spec(cls, spec: "api.SpecDecodeServiceSpec") -> "ExperimentPolicy":
+        plan = CanaryPlan.from_spec(spec)
+        return cls(spec=spec, plan=plan, blocker=plan.blocker(spec), test=settings_from_spec(spec, plan))
+
+    def config_hash(self, candidate_k: Optional[int]) -> str:
+        """The engine config hash of the canary running ``candidate_k`` (None: speculation off)."""
+        return workload.config_hash(self.spec, workload.SpeculationChoice(k=candidate_k))
+
+    def describe(self, candidate_k: Optional[int]) -> str:
+        """The candidate as status names configs (`ngram K=5`, `off`)."""
+        return workload.SpeculationChoice(k=candidate_k).describe(self.spec.speculation.method.value)
 
 
 def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = CanaryPlan()) -> ExperimentSettings:

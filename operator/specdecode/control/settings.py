@@ -8,6 +8,7 @@ from typing import Any
 
 from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode
+from specdecode.control.experiments import ExperimentPolicy
 from specdecode.control.perfmodel import OFF, EngineParams
 
 
@@ -125,6 +126,8 @@ class PolicySettings:
     prior: EngineParams | None = None
     """Prior costs of the engine; default: `EngineParams.for_method(method)`."""
     tuning: PolicyTuning = field(default_factory=PolicyTuning)
+    experiments: ExperimentPolicy | None = None
+    """spec.autotune.experiments (`from_spec`); None: no experiments, every move applies at once."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
@@ -196,4 +199,5 @@ class PolicySettings:
             scrape_interval_s=scrape,
             prior=prior,
             tuning=tuning or PolicyTuning(),
+            experiments=ExperimentPolicy.from_spec(spec),
         )

@@ -18,8 +18,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Optional
 
-from specdecode import api, timestamps
+from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
+from specdecode.control.experiments import Experiment
 from specdecode.control.memory import HistoryEntry, history_from_status
 from specdecode.control.perfmodel import OFF
 from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
@@ -72,6 +73,16 @@ class ControlState:
     """status.history, oldest first."""
     advice: tuple[Action, bool, int | None] | None = None
     """status.recommendation's (action, enabled, K): the advice last given."""
+    experiments: tuple[Experiment, ...] = ()
+    """status.experiments, oldest first: the recent canary experiments; the last one runs
+    while it has no end (`experiment`)."""
+
+    @property
+    def experiment(self) -> Experiment | None:
+        """The canary experiment running now, if any."""
+        if self.experiments and self.experiments[-1].running:
+            return self.experiments[-1]
+        return None
 
     @property
     def config(self) -> int:
@@ -182,6 +193,7 @@ def from_status(
         advice=advice,
         excluded_ks=excluded,
         ready_replicas=status.ready_replicas or 0,
+        experiments=tuple(Experiment.from_record(r) for r in status.experiments),
     )
     if effective is None:
         choice, cause, _ = choose(spec, None)
@@ -256,5 +268,9 @@ def to_status(
     history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]
     if [r.to_wire() for r in history] == [r.to_wire() for r in status.history]:
         history = list(status.history)
-    return status.model_copy(update={"speculation": effective, "observations": observations, "history": history})
+    experiments = [e.to_record() for e in state.experiments[-constants.MAX_EXPERIMENTS:]]
+    if [r.to_wire() for r in experiments] == [r.to_wire() for r in status.experiments]:
+        experiments = list(status.experiments)
+    return status.model_copy(update={"speculation": effective, "observations": observations, "history": history,
+                                     "experiments": experiments})
 

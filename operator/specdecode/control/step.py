@@ -1,8 +1,9 @@
 """The control loop's transition: ``step(settings, state, observed, now) -> (decision, state)``.
 
-Pure. The shell converts status to `ControlState` (`state.from_status`), calls `step`, and
-writes the new state back (`state.to_status`, through `evaluation.apply_decision`); the
-benchmark does the same, so the headline figures run the production glue.
+Pure. The shell converts status to `ControlState` (`state.from_status`: the choice, the
+memory and the canary experiments), calls `step`, and writes the new state back
+(`state.to_status`, through `evaluation.apply_decision`); the benchmark does the same, so
+the headline figures run the production glue.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdecode import constants
+from specdecode.control.canary import run as run_experiments
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import history_entry, recent_low_alpha, stored
@@ -20,10 +22,15 @@ from specdecode.control.metrics import Observation
 
 
 def step(
-    settings: PolicySettings, state: ControlState, observed: PolicyObservations, now: float
+    settings: PolicySettings, state: ControlState, observed: PolicyObservations, now: float,
+    canary: Observation | None = None,
 ) -> tuple[Decision, ControlState]:
-    """The decision on ``observed`` and the state after it (`advance`)."""
+    """The decision on ``observed`` and the state after it (`advance`): the rules decide, then
+    canary experiments have their say (`canary.run`: a predicted move may start an
+    experiment instead; a running one is measured on ``canary``, the canary's observation,
+    against ``observed``, and may be promoted, aborted or cancelled)."""
     decision = decide(settings, state, observed, state.history, now)
+    decision, state = run_experiments(settings, state, decision, observed, canary, now)
     window = observed.window if observed.available else None
     return decision, advance(state, decision, window, settings.min_drafts, now)
 

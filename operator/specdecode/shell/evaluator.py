@@ -28,6 +28,7 @@ from .. import constants as C
 from . import crashpoints, instrumentation
 from ..control import metrics
 from ..control import evaluation
+from ..control.experiments import running_record
 from ..control.decision import Decision
 from ..control.settings import PolicySettings
 from .controller import Clock, Controller, utcnow
@@ -161,7 +162,12 @@ class Evaluator:
             read, spec, namespace, name, status.speculation.config_hash if status.speculation else None, settings
         )
         window = observed.window
-        result = evaluation.evaluate(status, spec, settings, observed, meta.get("generation"), now)
+        # The running experiment's canary arm, from the same read: its pods carry their own config hash.
+        record = running_record(status)
+        canary = None
+        if record is not None:
+            canary = evaluation.observations_for(read, spec, namespace, name, record.candidate_hash, settings).window
+        result = evaluation.evaluate(status, spec, settings, observed, meta.get("generation"), now, canary=canary)
         decision = result.decision
 
         self._log_metric_names(namespace, name, status, result.status)
@@ -171,11 +177,14 @@ class Evaluator:
             # A Conflict (the object changed since kopf saw it) leaves the memory as it was:
             # the retry, with the newer object, evaluates again.
             self.kube.replace_status(body, result.status.to_wire())
+            for ended in result.experiments_ended:
+                instrumentation.record_experiment(namespace, name, ended.purpose, ended.verdict)
         memory.remember(now.timestamp(), result.status.observations, decision.rule)
         for type_, reason, message in result.events:
             self.kube.post_event(body, type_, reason, message, now)
         self._record(namespace, name, spec, decision, window)
-        if result.rerender:
+        if result.children_changed:
+            # A new config, or a canary to create or delete: the reconcile renders it now.
             crashpoints.reach(crashpoints.DECISION_IN_STATUS)
             self.log.info("%s/%s: %s (%s)", namespace, name, decision.action.value, decision.reason)
             self.controller.reconcile(namespace, name)

@@ -34,6 +34,12 @@ DECISIONS = Counter(
     "Decisions that change speculation (set_k, disable, enable; fallback when pods cannot start), by service, action and mode.",
     [*SERVICE_LABELS, "action", "mode"],
 )
+EXPERIMENTS = Counter(
+    "specdecode_experiments_total",
+    "Canary experiments that ended, by service, purpose (Reprobe, Change, Control) and outcome (Promote, "
+    "AbortWorse, AbortNoGain, AbortSLO, AbortTimeout, Cancelled); counted once the status saying so is written.",
+    [*SERVICE_LABELS, "purpose", "outcome"],
+)
 SPECULATIVE_TOKENS = Gauge(
     "specdecode_speculative_tokens", "K in effect per service; 0 when speculation is off.", SERVICE_LABELS
 )
@@ -73,6 +79,17 @@ def record_decision(namespace: str, service: str, action: str, mode: str) -> Non
         DECISIONS.labels(namespace, service, action, mode).inc()
 
 
+# Likewise for EXPERIMENTS: (namespace, service, purpose, outcome).
+_experiment_series: set[tuple[str, str, str, str]] = set()
+
+
+def record_experiment(namespace: str, service: str, purpose: str, outcome: str) -> None:
+    """One experiment ended (outcome: its verdict)."""
+    with _decision_series_lock:
+        _experiment_series.add((namespace, service, purpose, outcome))
+        EXPERIMENTS.labels(namespace, service, purpose, outcome).inc()
+
+
 def record_acceptance(namespace: str, service: str, alpha: Optional[float], floor: float) -> None:
     """The floor always; alpha only when the last evaluation measured it (a stale alpha would
     keep the acceptance-floor alert firing after speculation was turned off or traffic stopped)."""
@@ -97,7 +114,7 @@ def forget_evaluation(namespace: str, service: str) -> None:
 
 def forget_service(namespace: str, service: str) -> None:
     """Drop a deleted service's series so dashboards do not show it forever, and its decision
-    counts so deleted services do not add up."""
+    and experiment counts so deleted services do not add up."""
     for gauge in PER_SERVICE:
         _remove(gauge, namespace, service)
     _remove(EVALUATIONS, namespace, service)
@@ -106,6 +123,10 @@ def forget_service(namespace: str, service: str) -> None:
         _decision_series.difference_update(counted)
         for labels in counted:
             _remove(DECISIONS, *labels)
+        ended = {labels for labels in _experiment_series if labels[:2] == (namespace, service)}
+        _experiment_series.difference_update(ended)
+        for labels in ended:
+            _remove(EXPERIMENTS, *labels)
 
 
 def _remove(metric: Gauge | Counter, *labels: str) -> None:

@@ -27,7 +27,9 @@ from specdecode import timestamps
 # Autotune settings that make the control loop visible within minutes instead of hours: a
 # short window and warm-up, a cooldown and re-probe that fit a compressed scenario, and a
 # change budget that does not run out. Seen working end to end on the local stack: collapse
-# to off within seconds of becoming visible, re-probe back on after the recovery.
+# to off within seconds of becoming visible, re-probe back on after the recovery. The demo's
+# story is the loop's own moves: canary experiments (which run a re-probe on one replica
+# first) are off here.
 FAST_AUTOTUNE: dict[str, Any] = {
     "mode": "Auto",
     "evaluationInterval": "5s",
@@ -38,6 +40,7 @@ FAST_AUTOTUNE: dict[str, Any] = {
     "minRequests": 10,
     "reprobeInterval": "60s",
     "maxChangesPerHour": 30,
+    "experiments": {"enabled": False},
 }
 FAST_ROLLOUT: dict[str, Any] = {"maxSurge": 1, "maxUnavailable": 0}
 DEFAULT_ACCEPTANCE_FLOOR = 0.35

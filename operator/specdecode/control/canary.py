@@ -1,0 +1,266 @@
+"""Canary experiments in the control loop: the step's second half (pure; time passed in).
+
+A move the performance model predicts (a tuning move, or a re-probe while speculation is off)
+is a bet on the model, and losing it restarts every replica twice. In Auto mode, when the
+plan can run (`CanaryPlan.blocker` is None), such a move starts an experiment instead: the
+candidate runs on a canary Deployment beside the running config, on the same traffic, and
+reaches every replica only once it is measured better (`experiments.judge`). After the
+rules have decided, `run`
+
+- cancels a running experiment that can no longer answer its question: autotune left Auto,
+  the plan became blocked, the spec changed what was tested (the candidate's or the running
+  config's engine config, the bounds), or a safety move changes the running config now (the
+  acceptance floor, the guards, bounds, a hedge apply at once, never on a canary);
+- measures it once per window, windows never overlapping, the first after the canary's
+  start and warm-up, and turns its verdict into the decision: Promote is an applied change
+  to the candidate (rule Experiment, a history entry); every Abort keeps the running config
+  and is remembered, so the same candidate is not tried again before a back-off
+  (reprobeInterval, doubled for each further loss in a row, at most 8x);
+- starts one in place of a tuning move or a re-probe, or a periodic Control experiment
+  (speculation off on the canary) for a config that has run unchanged for controlInterval.
+
+Recommend mode starts none and says in its advice what Auto mode would test; Off mode runs
+none. Everything it knows comes from the state (status.experiments), so an operator
+restarted between two evaluations resumes an experiment where the old one left it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Optional
+
+from specdecode import constants
+from specdecode.api import AutotuneMode
+from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, Rule
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.experiments import Experiment, ExperimentPolicy, Purpose, Verdict
+from specdecode.control.explain import fmt_s, label
+from specdecode.control.metrics import Observation
+from specdecode.control.settings import PolicySettings
+from specdecode.control.state import ControlState
+
+LOSSES = frozenset({Verdict.ABORT_WORSE, Verdict.ABORT_NO_GAIN, Verdict.ABORT_SLO, Verdict.ABORT_TIMEOUT})
+"""Verdicts that say the candidate did not beat the running config (a cancel says nothing)."""
+
+
+def run(
+    settings: PolicySettings,
+    state: ControlState,
+    decision: Decision,
+    observed: PolicyObservations,
+    canary: Optional[Observation],
+    now: float,
+) -> tuple[Decision, ControlState]:
+    """The decision once experiments had their say, and the state with its experiments.
+
+    ``canary`` is the canary's observation over the long window (its config hash), None
+    when no canary runs or it has no series yet."""
+    policy = settings.experiments
+    # status keeps whole seconds: times kept as such read back the same after a restart
+    at = float(math.floor(now))
+    running = state.experiment
+    if running is not None:
+        why = _cancel_reason(settings, policy, state, running, decision)
+        if why is None:
+            return _measure(settings, policy, state, running, decision, observed, canary, at)
+        state = replace(state, experiments=state.experiments[:-1] + (running.cancel(why, at),))
+        if decision.changes and decision.rule not in CANARIED_RULES:
+            return decision, state  # the safety move applies now
+    return _start_if_due(settings, policy, state, decision, at)
+
+
+# --- a running experiment ----------------------------------------------------------------------
+
+
+def _cancel_reason(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState,
+    running: Experiment, decision: Decision,
+) -> Optional[str]:
+    """Why the running experiment cannot go on (None: it goes on)."""
+    if settings.mode is not AutotuneMode.AUTO:
+        return f"autotune.mode is {settings.mode.value}: experiments run in Auto mode only"
+    if policy is None:
+        return "experiments are turned off"
+    if policy.blocker is not None:
+        return f"the canary cannot run: {policy.blocker}"
+    if decision.changes and decision.applied and decision.rule not in CANARIED_RULES:
+        return f"the running config changes at once (rule {decision.rule.value}): {decision.reason}"
+    if running.candidate_hash != policy.config_hash(running.candidate_k):
+        return "the spec changed the candidate's engine config"
+    if state.config_hash is not None and state.config_hash != running.incumbent_hash:
+        return f"the running config changed (config hash {running.incumbent_hash} -> {state.config_hash})"
+    if not _allowed(settings, state, running.candidate_k):
+        return f"spec.speculation no longer allows {running.candidate}"
+    return None
+
+
+def _allowed(settings: PolicySettings, state: ControlState, candidate_k: Optional[int]) -> bool:
+    if candidate_k is None:
+        return settings.allow_disable
+    return settings.min_k <= candidate_k <= settings.max_k and candidate_k not in state.excluded_ks
+
+
+def _window_due(settings: PolicySettings, policy: ExperimentPolicy, running: Experiment, at: float) -> bool:
+    """A new window to measure: a full window after the last one measured (the first after the
+    canary's start, `restart_s`, and its warm-up), or the experiment's time is up."""
+    if running.last_window_at is not None:
+        start = running.last_window_at
+    else:
+        start = running.started_at + settings.restart_s + settings.warmup_s
+    return at >= start + settings.window_s or at - running.started_at >= policy.test.max_duration_s
+
+
+def _measure(
+    settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, running: Experiment,
+    decision: Decision, observed: PolicyObservations, canary: Optional[Observation], at: float,
+) -> tuple[Decision, ControlState]:
+    current = label(state.config)
+    if not observed.available:
+        return decision, state  # fail static: no window is measured; the rules' hold says why
+    if not _window_due(settings, policy, running, at):
+        progress = running.outcome.reason if running.outcome else "waiting for the canary's first full window"
+        return _experiment_hold(decision, state, (
+            f"canary experiment ({running.purpose.value}) runs {running.candidate} against {current}: "
+            f"{progress} ({running.evidence.paired} paired windows so far)")), state
+    measured = running.observe(canary, observed.window, at, policy.test)
+    state = replace(state, experiments=state.experiments[:-1] + (measured,))
+    outcome = measured.outcome
+    assert outcome is not None
+    evidence = (f"{measured.evidence.paired} paired windows, {measured.evidence.candidate_requests:.0f} "
+                f"canary and {measured.evidence.incumbent_requests:.0f} running-config requests")
+    if outcome.verdict is Verdict.CONTINUE:
+        return _experiment_hold(decision, state, (
+            f"canary experiment ({running.purpose.value}) runs {running.candidate} against {current}: "
+            f"{outcome.reason} ({evidence})")), state
+    if outcome.verdict is Verdict.PROMOTE:
+        target = measured.candidate_k
+        if target is None:
+            action = Action.DISABLE
+        else:
+            action = Action.SET_K if state.enabled else Action.ENABLE
+        reason = (f"canary experiment ({running.purpose.value}) promoted {running.candidate} over {current}: "
+                  f"{outcome.reason} ({evidence})")
+        return replace(decision, action=action, enabled=target is not None, k=target, rule=Rule.EXPERIMENT,
+                       reason=reason, applied=True, held=None, wanted=None), state
+    return _experiment_hold(decision, state, (
+        f"canary experiment ({running.purpose.value}) ended {outcome.verdict.value}: {outcome.reason} "
+        f"({evidence}); keeping {current}")), state
+
+
+def _experiment_hold(decision: Decision, state: ControlState, reason: str, wanted: Optional[Rule] = None) -> Decision:
+    """The rules' decision turned into a hold for an experiment (its conditions kept). A hold
+    for missing metrics keeps its own reason: it says what is wrong."""
+    if not decision.changes and decision.rule is Rule.METRICS:
+        return decision
+    return replace(decision, action=Action.HOLD, enabled=state.enabled, k=state.k if state.enabled else None,
+                   rule=Rule.EXPERIMENT, reason=reason, applied=False, held=Held.EXPERIMENT, wanted=wanted)
+
+
+# --- starting one --------------------------------------------------------------------------------
+
+
+def _start_if_due(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision, at: float,
+) -> tuple[Decision, ControlState]:
+    wanted = decision.rule if decision.changes else decision.wanted
+    if wanted in CANARIED_RULES:
+        if policy is None or not policy.plan.enabled:
+            return decision, state  # the user turned experiments off: moves apply as they always did
+        if policy.blocker is not None:  # today's behaviour, and why no canary measures the move
+            if not decision.changes:
+                note = f"no canary could test it: {policy.blocker}"
+            elif not decision.applied:
+                note = f"in Auto mode every replica would change at once (no canary: {policy.blocker})"
+            else:
+                note = f"every replica changes at once, no canary: {policy.blocker}"
+            return replace(decision, reason=f"{decision.reason}; {note}"), state
+    if decision.changes and decision.rule in CANARIED_RULES:
+        assert policy is not None
+        candidate_k = decision.k if decision.enabled else None
+        purpose = Purpose.CHANGE if state.enabled else Purpose.REPROBE
+        if not decision.applied:  # Recommend mode: say what Auto mode would do
+            note = (f"in Auto mode it would first run as a canary experiment ({purpose.value}): "
+                    f"{policy.describe(candidate_k)} on {policy.plan.replicas} canary replica(s) "
+                    f"against {label(state.config)}")
+            return replace(decision, reason=f"{decision.reason}; {note}"), state
+        if state.config_hash is None:
+            return decision, state  # the running config's pods cannot be told apart yet
+        return _start(settings, policy, state, decision, purpose, candidate_k, at)
+    if _control_due(settings, policy, state, decision, at):
+        assert policy is not None
+        return _start(settings, policy, state, decision, Purpose.CONTROL, None, at)
+    return decision, state
+
+
+def _start(
+    settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, decision: Decision,
+    purpose: Purpose, candidate_k: Optional[int], at: float,
+) -> tuple[Decision, ControlState]:
+    candidate_hash = policy.config_hash(candidate_k)
+    candidate = policy.describe(candidate_k)
+    wanted = decision.rule if decision.changes else None
+    lost = _lost_lately(settings, state, candidate_hash, at)
+    if lost is not None:
+        last, losses, retry_at = lost
+        verdict = last.outcome.verdict.value if last.outcome else "lost"
+        return _experiment_hold(decision, state, (
+            f"{candidate} lost {losses} canary experiment(s) in a row, the last {fmt_s(at - (last.ended_at or at))} "
+            f"ago ({verdict}: {last.outcome.reason if last.outcome else ''}); not tried again for "
+            f"{fmt_s(retry_at - at)}; keeping {label(state.config)}"), wanted), state
+    experiment = Experiment(purpose=purpose, candidate=candidate, candidate_hash=candidate_hash,
+                            incumbent_hash=state.config_hash or "", started_at=at, candidate_k=candidate_k)
+    why = decision.reason if decision.changes else (
+        f"{label(state.config)} has run unchanged for {fmt_s(at - state.since)}: does speculation still pay?")
+    reason = (f"canary experiment ({purpose.value}) started: {candidate} on {policy.plan.replicas} canary "
+              f"replica(s) against {label(state.config)}, before any change to every replica; {why}")
+    experiments = (state.experiments + (experiment,))[-constants.MAX_EXPERIMENTS:]
+    return _experiment_hold(decision, state, reason, wanted), replace(state, experiments=experiments)
+
+
+def _lost_lately(
+    settings: PolicySettings, state: ControlState, candidate_hash: str, at: float,
+) -> Optional[tuple[Experiment, int, float]]:
+    """(its last loss, losses in a row, when it may be tried again) while ``candidate_hash``
+    is backing off after lost experiments; None when it may run. Only this candidate's own
+    experiments count (a loss of another K says nothing of it); a cancel says nothing."""
+    losses, last = 0, None
+    for experiment in reversed(state.experiments):
+        if experiment.running or experiment.candidate_hash != candidate_hash or experiment.outcome is None:
+            continue
+        verdict = experiment.outcome.verdict
+        if verdict is Verdict.CANCELLED:
+            continue
+        if verdict not in LOSSES:
+            break
+        losses += 1
+        last = last or experiment
+    if last is None or last.ended_at is None:
+        return None
+    factor = min(settings.tuning.reprobe_backoff_max, 2 ** (losses - 1))
+    retry_at = last.ended_at + settings.reprobe_interval_s * factor
+    return (last, losses, retry_at) if at < retry_at else None
+
+
+def _control_due(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision, at: float,
+) -> bool:
+    """A Control experiment is due: speculation on and unchanged for controlInterval, the
+    policy settled on it (a plain hold), and no control experiment answered within that
+    interval (a cancelled one is tried again after reprobeInterval)."""
+    if policy is None or policy.blocker is not None or policy.plan.control_interval_s is None:
+        return False
+    if settings.mode is not AutotuneMode.AUTO or not state.enabled or not settings.allow_disable:
+        return False
+    if decision.changes or decision.rule is not Rule.HOLD or state.config_hash is None:
+        return False
+    interval = policy.plan.control_interval_s
+    if at - state.since < interval:
+        return False
+    for experiment in state.experiments:
+        if experiment.purpose is not Purpose.CONTROL or experiment.ended_at is None:
+            continue
+        cancelled = experiment.outcome is not None and experiment.outcome.verdict is Verdict.CANCELLED
+        if at - experiment.ended_at < (settings.reprobe_interval_s if cancelled else interval):
+            return False
+    return True

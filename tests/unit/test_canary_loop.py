@@ -1,0 +1,366 @@
+"""Canary experiments in the control loop: what a user sees in status, in Events and in the
+running config when a predicted move is measured on a canary before it reaches every
+replica. Pure: every evaluation gets its time and its metrics passed in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from specdecode import api, constants as C, timestamps
+from specdecode.control import evaluation
+from specdecode.control import state as cs
+from specdecode.control.decision import Action, Held, Rule
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.experiments import CanaryPlan, Experiment, Purpose, running_record
+from specdecode.control.perfmodel import OFF, Workload
+from specdecode.control.settings import PolicySettings
+from specdecode.control.step import step
+from specdecode.render.workload import SpeculationChoice, config_hash
+
+from .test_policy import NOW, both, observe
+
+LOW = Workload(4, 1000, 300, 0, 0.8)
+COLLAPSED = Workload(6, 1000, 300, 0, 0.2)
+ROLLOUT_S = 180.0
+MINUTE = 60.0
+
+
+def make_spec(replicas: int = 3, autotune: Optional[dict] = None, **extra: Any) -> api.SpecDecodeServiceSpec:
+    return api.parse_spec({
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "draft_model", "draftModel": "meta-llama/Llama-3.2-1B-Instruct",
+                        "numSpeculativeTokens": 3, "minK": 1, "maxK": 8},
+        "replicas": replicas,
+        "autotune": autotune or {},
+        **extra,
+    })
+
+
+SPEC = make_spec()  # three replicas, maxSurge 0: a capacity-neutral canary borrows one
+
+
+def hash_of(spec: api.SpecDecodeServiceSpec, k: Optional[int]) -> str:
+    return config_hash(spec, SpeculationChoice(k=k))
+
+
+def _dt(t: float) -> datetime:
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
+def live_status(spec: api.SpecDecodeServiceSpec, k: Optional[int], since: float = NOW - 7200,
+                experiments: tuple = ()) -> api.SpecDecodeServiceStatus:
+    """A service running ``k`` (None: speculation off) on every replica for a while."""
+    return api.SpecDecodeServiceStatus(
+        ready_replicas=spec.replicas,
+        speculation=api.EffectiveSpeculation(
+            enabled=k is not None, method="draft_model", k=k, since=timestamps.rfc3339(since),
+            live_since=timestamps.rfc3339(since + 200), live=True, config_hash=hash_of(spec, k), cause="Policy",
+            spec_hash=cs.declared_speculation_hash(spec)),
+        experiments=list(experiments),
+    )
+
+
+def canary_arm(incumbent: PolicyObservations, factor: float, minute: int):
+    """The canary's long window: the incumbent's, its time per token ``factor`` times as long
+    (with a little window-to-window noise, as measured)."""
+    wobble = 1.0 + 0.01 * ((minute % 3) - 1)
+    return replace(incumbent.window, tpot_mean_s=incumbent.window.tpot_mean_s * factor * wobble)
+
+
+def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, minutes: int, factor: float,
+          workload: Workload = LOW, restart: bool = False, start: float = NOW):
+    """One evaluation a minute through `evaluation.evaluate`, the reconcile's part simulated (a
+    change rendered at once, live after a rollout). ``restart``: an operator restarted before
+    every evaluation, reading back only what the apiserver stored (the status's wire form)."""
+    settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
+    results, live_at = [], None
+    for minute in range(minutes):
+        now = start + MINUTE * minute
+        if live_at is not None and now >= live_at:
+            effective = status.speculation.model_copy(update={"live": True, "live_since": timestamps.rfc3339(live_at)})
+            status, live_at = status.model_copy(update={"speculation": effective}), None
+        config = cs.from_status(status, spec, _dt(now)).config
+        observed = both(workload, config)
+        canary = canary_arm(observed, factor, minute) if running_record(status) else None
+        result = evaluation.evaluate(status, spec, settings, observed, None, _dt(now), canary=canary)
+        status = result.status
+        if result.rerender:
+            k = result.decision.k if result.decision.enabled else None
+            effective = status.speculation.model_copy(update={"config_hash": hash_of(spec, k)})
+            status, live_at = status.model_copy(update={"speculation": effective}), now + ROLLOUT_S
+        if restart:
+            status = api.SpecDecodeServiceStatus.model_validate(status.to_wire())
+        results.append((now, result))
+    return results, status
+
+
+def condition(status: api.SpecDecodeServiceStatus, type_: str) -> Optional[api.Condition]:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def event_reasons(results) -> list[str]:
+    return [reason for _, r in results for _, reason, _ in r.events]
+
+
+# --- starting ------------------------------------------------------------------------------------
+
+
+def test_a_reprobe_while_off_becomes_an_experiment_not_a_restart():
+    results, status = drive(SPEC, live_status(SPEC, None), 1, factor=0.9)
+    (_, result), = results
+    decision = result.decision
+    assert (decision.action, decision.rule, decision.held, decision.wanted) == (
+        Action.HOLD, Rule.EXPERIMENT, Held.EXPERIMENT, Rule.REPROBE)
+    assert not result.rerender and result.children_changed  # the canary is created, no replica restarts
+    record = running_record(status)
+    assert record is not None and record.purpose == "Reprobe" and record.candidate_enabled
+    assert record.candidate_hash == hash_of(SPEC, record.candidate_k) != record.incumbent_hash == hash_of(SPEC, None)
+    assert status.speculation.enabled is False  # the main Deployment still runs speculation off
+    assert CanaryPlan.from_spec(SPEC).main_replicas(SPEC) == 2
+    experimenting = condition(status, C.COND_EXPERIMENTING)
+    assert (experimenting.status, experimenting.reason) == ("True", "Reprobe")
+    assert C.EVENT_EXPERIMENT_STARTED in event_reasons(results)
+    assert "canary experiment (Reprobe) started" in status.recommendation.reason
+
+
+def test_a_tune_move_starts_a_change_experiment_for_the_predicted_k():
+    results, status = drive(SPEC, live_status(SPEC, 8), 1, factor=0.9)
+    record = running_record(status)
+    assert record.purpose == "Change" and record.candidate_k == 3 and record.candidate == "draft_model K=3"
+    assert results[0][1].decision.wanted is Rule.TUNE and status.speculation.k == 8
+
+
+# --- verdicts ------------------------------------------------------------------------------------
+
+
+def test_a_better_candidate_is_promoted_and_the_main_deployment_changes_once():
+    results, status = drive(SPEC, live_status(SPEC, None), 30, factor=0.9)
+    rerendered = [(now, r) for now, r in results if r.rerender]
+    assert len(rerendered) == 1
+    promoted_at, promotion = rerendered[0]
+    started = next(r for _, r in results if r.experiments_started).experiments_started[0]
+    assert (promotion.decision.action, promotion.decision.rule, promotion.decision.applied) == (
+        Action.ENABLE, Rule.EXPERIMENT, True)
+    assert promotion.decision.k == started.candidate_k and "promoted" in promotion.decision.reason
+    assert [r.verdict for r in promotion.experiments_ended] == ["Promote"]
+    assert {C.EVENT_EXPERIMENT_PROMOTED, C.EVENT_SPECULATION_CHANGED} <= {e[1] for e in promotion.events}
+    after = promotion.status
+    assert after.speculation.enabled and after.speculation.k == started.candidate_k
+    assert after.history[-1].action == "enable" and after.history[-1].applied
+    assert after.experiments[-1].verdict == "Promote" and after.experiments[-1].effect < 0
+    assert running_record(after) is None
+    assert condition(after, C.COND_EXPERIMENTING).reason == "Promote"
+    # The verdict came from measured windows, not at once: three paired windows at least.
+    assert after.experiments[-1].paired_windows >= 3 and promoted_at - NOW >= 15 * MINUTE
+
+
+def test_a_worse_candidate_is_aborted_with_no_change_and_not_retried_before_the_backoff():
+    settings = PolicySettings.from_spec(SPEC)
+    results, status = drive(SPEC, live_status(SPEC, None), 150, factor=1.15)
+    assert not any(r.rerender for _, r in results)
+    assert status.speculation.enabled is False and status.history == []
+    ends = [(now, rec) for now, r in results for rec in r.experiments_ended]
+    starts = [(now, rec) for now, r in results for rec in r.experiments_started]
+    assert [rec.verdict for _, rec in ends][:2] == ["AbortWorse", "AbortWorse"]
+    assert C.EVENT_EXPERIMENT_ABORTED in event_reasons(results)
+    # The same candidate again only after reprobeInterval, then after twice that.
+    (first_end, _), (second_end, _) = ends[:2]
+    assert starts[1][0] - first_end >= settings.reprobe_interval_s
+    assert starts[2][0] - second_end >= 2 * settings.reprobe_interval_s
+    waiting = [r.decision for now, r in results if first_end < now < starts[1][0]]
+    assert waiting and all(d.rule is Rule.EXPERIMENT and "not tried again" in d.reason for d in waiting)
+
+
+def test_a_candidate_within_the_minimum_effect_is_not_worth_a_rollout():
+    results, status = drive(SPEC, live_status(SPEC, None), 30, factor=1.0)
+    verdicts = [rec.verdict for _, r in results for rec in r.experiments_ended]
+    assert verdicts[:1] == ["AbortNoGain"] and not any(r.rerender for _, r in results)
+
+
+# --- safety and cancels --------------------------------------------------------------------------
+
+
+def running_change(spec: api.SpecDecodeServiceSpec, incumbent_k: int, candidate_k: Optional[int],
+                   started: float = NOW - 300) -> api.ExperimentRecord:
+    return Experiment(Purpose.CHANGE, f"draft_model K={candidate_k}", hash_of(spec, candidate_k),
+                      hash_of(spec, incumbent_k), started_at=started, candidate_k=candidate_k).to_record()
+
+
+def evaluate_once(spec, status, observed, canary=None, now: float = NOW):
+    return evaluation.evaluate(status, spec, PolicySettings.from_spec(spec, restart_s=ROLLOUT_S), observed, None,
+                               _dt(now), canary=canary)
+
+
+def test_a_collapse_turns_speculation_off_at_once_even_with_experiments_enabled():
+    result = evaluate_once(SPEC, live_status(SPEC, 3), both(COLLAPSED, 3))
+    assert (result.decision.action, result.decision.rule, result.rerender) == (Action.DISABLE, Rule.COLLAPSE, True)
+    assert result.status.experiments == []
+
+
+def test_a_collapse_during_an_experiment_cancels_it_and_turns_speculation_off_at_once():
+    status = live_status(SPEC, 3, experiments=(running_change(SPEC, 3, 5),))
+    result = evaluate_once(SPEC, status, both(COLLAPSED, 3))
+    assert (result.decision.action, result.decision.rule, result.rerender) == (Action.DISABLE, Rule.COLLAPSE, True)
+    ended = result.status.experiments[-1]
+    assert ended.verdict == "Cancelled" and "collapse" in ended.reason
+    assert [r.verdict for r in result.experiments_ended] == ["Cancelled"]
+    assert C.EVENT_EXPERIMENT_CANCELLED in [e[1] for e in result.events]
+    assert condition(result.status, C.COND_EXPERIMENTING).status == "False"
+
+
+def test_autotune_leaving_auto_cancels_the_running_experiment():
+    recommend = make_spec(autotune={"mode": "Recommend"})
+    status = live_status(recommend, 3, experiments=(running_change(recommend, 3, 5),))
+    result = evaluate_once(recommend, status, both(LOW, 3))
+    assert result.status.experiments[-1].verdict == "Cancelled"
+    assert "autotune.mode is Recommend" in result.status.experiments[-1].reason
+    assert running_record(result.status) is None and not result.rerender
+
+
+def test_a_spec_change_of_the_candidate_cancels_the_experiment_and_tests_the_new_one():
+    status = live_status(SPEC, None)
+    status = status.model_copy(update={"experiments": [Experiment(
+        Purpose.REPROBE, "draft_model K=1", hash_of(SPEC, 1), hash_of(SPEC, None), started_at=NOW - 300,
+        candidate_k=1).to_record()]})
+    edited = make_spec(engine={"maxNumSeqs": 128})  # every engine config hash changes
+    result = evaluate_once(edited, status, both(LOW, OFF))
+    cancelled, started = result.status.experiments[-2:]
+    assert cancelled.verdict == "Cancelled" and "candidate's engine config" in cancelled.reason
+    assert started.running and started.candidate_hash == hash_of(edited, started.candidate_k)
+
+
+def test_a_plan_that_becomes_blocked_cancels_and_the_move_applies_at_once():
+    single = make_spec(replicas=1)
+    status = live_status(single, None, experiments=(Experiment(
+        Purpose.REPROBE, "draft_model K=1", hash_of(single, 1), hash_of(single, None), started_at=NOW - 300,
+        candidate_k=1).to_record(),))
+    result = evaluate_once(single, status, both(LOW, OFF))
+    assert result.status.experiments[-1].verdict == "Cancelled"
+    assert "spec.replicas >= 2" in result.status.experiments[-1].reason
+    assert running_record(result.status) is None and "no canary" in result.decision.reason
+
+
+# --- modes and plans -----------------------------------------------------------------------------
+
+
+def test_recommend_mode_runs_none_but_says_what_it_would_test():
+    recommend = make_spec(autotune={"mode": "Recommend"})
+    results, status = drive(recommend, live_status(recommend, None), 3, factor=0.9)
+    assert status.experiments == [] and condition(status, C.COND_EXPERIMENTING) is None
+    decision = results[0][1].decision
+    assert decision.action is Action.ENABLE and not decision.applied
+    assert "in Auto mode it would first run as a canary experiment (Reprobe)" in status.recommendation.reason
+
+
+def test_off_mode_runs_none():
+    off_mode = make_spec(autotune={"mode": "Off"})
+    results, status = drive(off_mode, live_status(off_mode, 3), 3, factor=0.9)
+    assert status.experiments == [] and not any(r.children_changed for _, r in results)
+
+
+def test_a_blocked_plan_keeps_todays_behaviour_and_names_the_blocker():
+    for replicas, rollout in ((1, {}), (1, {"maxSurge": 1, "maxUnavailable": 0})):
+        # maxSurge 0: no replica to borrow, no room for an extra one; with surge, no budget for one
+        blocked = make_spec(replicas=replicas, rollout=rollout)
+        today = make_spec(replicas=replicas, rollout=rollout, autotune={"experiments": {"enabled": False}})
+        results, status = drive(blocked, live_status(blocked, None), 20, factor=0.9)
+        before, _ = drive(today, live_status(today, None), 20, factor=0.9)
+        assert [(r.decision.action, r.decision.k, r.decision.rule, r.decision.held, r.rerender) for _, r in results] == [
+            (r.decision.action, r.decision.k, r.decision.rule, r.decision.held, r.rerender) for _, r in before]
+        assert status.experiments == []
+        decision = results[0][1].decision
+        assert decision.rule is Rule.REPROBE or decision.wanted is Rule.REPROBE
+        assert "no canary" in decision.reason and "spec.replicas >= 2" in decision.reason
+        assert "maxExtraReplicas" in decision.reason
+
+
+def test_a_blocked_plan_reprobes_every_replica_at_once_and_says_why():
+    surge = make_spec(replicas=1, rollout={"maxSurge": 1, "maxUnavailable": 0})
+    results, status = drive(surge, live_status(surge, None), 1, factor=0.9)
+    decision = results[0][1].decision
+    assert decision.action is Action.ENABLE and decision.rule is Rule.REPROBE and results[0][1].rerender
+    assert "every replica changes at once, no canary" in decision.reason
+    assert "no canary" in status.history[-1].reason
+
+
+def test_a_surge_budget_runs_the_canary_beside_a_single_replica():
+    surge = make_spec(replicas=1, rollout={"maxSurge": 1, "maxUnavailable": 0},
+                      autotune={"experiments": {"maxExtraReplicas": 1}})
+    _, status = drive(surge, live_status(surge, None), 1, factor=0.9)
+    assert running_record(status) is not None and CanaryPlan.from_spec(surge).main_replicas(surge) == 1
+
+
+def test_experiments_turned_off_apply_moves_at_once_as_before():
+    plain = make_spec(autotune={"experiments": {"enabled": False}})
+    results, status = drive(plain, live_status(plain, None), 1, factor=0.9)
+    decision = results[0][1].decision
+    assert decision.rule is Rule.REPROBE and results[0][1].rerender and "canary" not in decision.reason
+
+
+# --- the control experiment ----------------------------------------------------------------------
+
+
+def test_a_long_running_config_is_checked_against_speculation_off():
+    week_old = live_status(SPEC, 3, since=NOW - 8 * 86400)
+    results, status = drive(SPEC, week_old, 30, factor=1.2)  # the canary (off) is slower
+    first = results[0][1]
+    assert first.experiments_started and first.experiments_started[0].purpose == "Control"
+    assert first.experiments_started[0].candidate == "off" and not first.experiments_started[0].candidate_enabled
+    ended = [rec for _, r in results for rec in r.experiments_ended]
+    assert [rec.verdict for rec in ended] == ["AbortWorse"]  # speculation still pays
+    assert not any(r.rerender for _, r in results) and status.speculation.k == 3
+    # Not asked again within controlInterval.
+    assert sum(len(r.experiments_started) for _, r in results) == 1
+
+
+def test_no_control_experiment_when_the_spec_turns_it_off():
+    no_control = make_spec(autotune={"experiments": {"control": False}})
+    _, status = drive(no_control, live_status(no_control, 3, since=NOW - 8 * 86400), 3, factor=1.2)
+    assert status.experiments == []
+
+
+# --- restarts ------------------------------------------------------------------------------------
+
+
+def _decisions(results) -> list[tuple]:
+    return [(now, r.decision.action, r.decision.k, r.decision.rule, r.decision.held, r.decision.reason)
+            for now, r in results]
+
+
+def _in_memory(spec, status, minutes: int, factor: float) -> list[tuple]:
+    """The state kept in memory between steps (`step`), only the reconcile's part from outside."""
+    settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
+    state = cs.from_status(status, spec, _dt(NOW))
+    out, live_at = [], None
+    for minute in range(minutes):
+        now = NOW + MINUTE * minute
+        if live_at is not None and now >= live_at:
+            state, live_at = replace(state, live_since=live_at), None
+        observed = both(LOW, state.config)
+        canary = canary_arm(observed, factor, minute) if state.experiment is not None else None
+        decision, state = step(settings, state, observed, now, canary)
+        if decision.applied and decision.changes:
+            state, live_at = replace(state, config_hash=hash_of(spec, decision.k)), now + ROLLOUT_S
+        out.append((now, decision.action, decision.k, decision.rule, decision.held, decision.reason))
+    return out
+
+
+def test_an_operator_restarted_between_any_two_evaluations_decides_the_same():
+    for factor in (0.9, 1.15):  # promoted, and aborted then retried after the back-off
+        start = live_status(SPEC, None)
+        steady, steady_status = drive(SPEC, start, 90, factor)
+        restarted, restarted_status = drive(SPEC, start, 90, factor, restart=True)
+        assert _decisions(restarted) == _decisions(steady) == _in_memory(SPEC, start, 90, factor)
+        assert restarted_status.to_wire() == steady_status.to_wire()
+        assert any(r.experiments_ended for _, r in steady)
+
+
+def test_the_state_stores_its_experiments_in_status_and_reads_them_back():
+    _, status = drive(SPEC, live_status(SPEC, None), 70, factor=1.15)  # an abort, a retry running
+    assert len(status.experiments) >= 2 and running_record(status) is not None
+    state = cs.from_status(status, SPEC, _dt(NOW))
+    again = cs.to_status(state, status, SPEC, max_history=C.MAX_DECISION_HISTORY)
+    assert again.to_wire() == status.to_wire()
+    assert [e.to_record() for e in state.experiments] == status.experiments
