@@ -289,9 +289,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
             observed = PolicyObservations.of(long, short)
             if canary is not None:
                 candidate_observation = read.get(ConfigKey(telemetry.NAMESPACE, scenario.name, canary.label))
-        # While a canary runs, the step judges its arm too.
-        judged = {"canary": candidate_observation} if canary is not None else {}
-        result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t), **judged)
+        result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t), canary=candidate_observation)
         status, decision = result.status, result.decision
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
@@ -335,7 +333,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
             live_at = t + (len(running) + offset) * rollout_s
             config = new
             status = _rendered(status, config, ready=main_ready())
-        elif decision.held is not None and record is None:
+        elif decision.held is not None:
             run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
 
         if record is not None and canary is None:
