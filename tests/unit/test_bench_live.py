@@ -157,3 +157,13 @@ def test_fault_targets():
     verdicts = {t.name: t.holds for t in faults.fault_targets(figures)}
     assert verdicts["worst time to converge"] is False  # one fault never converged
     assert verdicts["decisions lost"] and verdicts["changes while metrics were missing"]
+
+
+def test_the_fault_services_run_no_canary_experiments_so_the_figures_count_what_they_say():
+    """Two replicas and maxSurge 1 would get a canary on every re-probe: pods and rollouts the
+    fault figures (decisions, extra pod starts, convergence to spec.replicas) do not explain."""
+    from specdecode import api
+
+    spec = api.parse_spec(faults.service_manifest(0, "http://prometheus:9090")["spec"])
+    assert spec.replicas == faults.REPLICAS == 2 and spec.rollout.max_surge == 1
+    assert spec.autotune.experiments.enabled is False

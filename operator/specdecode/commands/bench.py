@@ -34,6 +34,11 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="scenarios run in parallel (default: the number of CPUs)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    p.add_argument(
+        "--experiments", choices=("on", "off", "compare"), default="on",
+        help="the policy with canary experiments (issue #15) on (the API's default), off, or both side by "
+        "side (compare; the headline tables show experiments on) (default: %(default)s)",
+    )
     p.set_defaults(func=run_bench_policy)
 
     f = bench_sub.add_parser(
@@ -107,7 +112,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         def done(result) -> None:
             progress.update(task, advance=1, description=f"{result.name} ({result.elapsed_s:.0f}s)")
 
-        results = suite.run_suite(paths, jobs=args.jobs, on_done=done)
+        results = suite.run_suite(paths, jobs=args.jobs, on_done=done, experiments=args.experiments)
     summary = suite.summarize(results)
 
     out = Path(args.out)

@@ -207,6 +207,12 @@ class Scenario(_Strict):
     phases: tuple[Phase, ...] = Field(min_length=1)
     noise: Noise = Field(default_factory=Noise)
     metrics_outage: tuple[MetricsOutage, ...] = ()
+    held_back: bool = False
+    """A held-back scenario: written for an issue's benchmark and never used to tune the
+    policy (a test set); reports mark it."""
+    autotune: dict[str, Any] = Field(default_factory=dict)
+    """The service's `spec.autotune` beside the API's defaults, as a user writes it (camelCase:
+    ``{experiments: {controlInterval: 6h}}``); the benchmark's policy runs with it."""
 
     @field_validator("noise", mode="before")
     @classmethod
@@ -278,6 +284,16 @@ class Scenario(_Strict):
             EngineParams.for_method(self.method, self.model)
         except EngineParamsError as err:
             raise ValueError(str(err)) from None
+        if self.autotune:
+            try:
+                api.Autotune.model_validate(self.autotune)
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(part) for part in first.get("loc", ()))
+                raise ValueError(
+                    f"autotune.{where}: {first.get('msg', 'invalid')}; write it as in the API's spec.autotune "
+                    f"(`kubectl explain specdecodeservice.spec.autotune`)"
+                ) from None
         return self
 
     # --- derived views -------------------------------------------------------------------

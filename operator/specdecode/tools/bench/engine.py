@@ -15,6 +15,14 @@ already on the new config. The segment is evaluated at the config most serving r
 (ties: the old one), which is exact for two replicas: old config during the first restart,
 new during the second. With one replica a rollout is an outage: arrivals wait.
 
+Canary experiment (issue #15): ``Serving.candidate_replicas`` Ready replicas run the
+candidate beside the incumbent's; traffic is shared per Ready replica, so each arm is
+evaluated at its share of the arrivals (and of the queue entering the segment) and the
+segment's figures are the arms' figures mixed by arrivals. A capacity-neutral canary
+(maxSurge 0) takes its replicas from the main Deployment: from its creation until it is
+Ready (the scenario's ``rollout_s``) those replicas serve nothing, and after an abort the
+main Deployment's replacement pods take as long again (`canary_start`, `canary_end`).
+
 Phase oracle (BENCHMARK.md, binding): a dynamic program over phases x configs (off and each K
 within the bounds; with schedules, also the scenario's `schedule_family` of per-batch-size K
 schedules) that maximises the headline score, starting, like every strategy, at the
@@ -26,7 +34,8 @@ Static choices start at the declared config too: one that differs switches at ti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import Iterable, Sequence
 
 from specdecode.control import perfmodel
@@ -42,6 +51,10 @@ class Serving:
     config: Config
     replicas: int
     rolling: bool = False
+    candidate: Config | None = None
+    """A running canary experiment's config (None: no canary serving)."""
+    candidate_replicas: int = 0
+    """Ready canary replicas beside the ``replicas`` that run ``config``."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,10 @@ class Segment:
     generation_tokens_per_s: float
     queue_end: float
     slo_violated: bool
+    candidate: Config | None = None
+    candidate_replicas: int = 0
+    candidate_worse: bool = False
+    """The canary's arm had a higher mean e2e latency than the incumbent's arm here."""
 
     @property
     def duration(self) -> float:
@@ -134,6 +151,21 @@ class SegmentEvaluator:
         self._memo[key] = result
         return result
 
+    def evaluate_canary(
+        self, workload: Workload, config: Config, replicas: int, candidate: Config, candidate_replicas: int,
+        duration: float, queue: float,
+    ) -> tuple[_Eval, bool]:
+        """Both arms of a canary experiment at their per-replica share of the traffic, mixed by
+        arrivals; and whether the canary's arm was slower end to end than the incumbent's."""
+        total = replicas + candidate_replicas
+        share = candidate_replicas / total
+        canary = self.evaluate(_scaled(workload, share), candidate, duration, queue * share, candidate_replicas)
+        worse = slower_per_replica(self, workload, candidate, config, total, duration)
+        if replicas <= 0:
+            return canary, worse
+        main = self.evaluate(_scaled(workload, 1.0 - share), config, duration, queue * (1.0 - share), replicas)
+        return _mixed(main, canary), worse
+
     def _outage(self, workload: Workload, config: Config, duration: float, queue: float) -> _Eval:
         """No replica serves: arrivals wait (half the outage on average, plus the backlog
         ahead of them at one replica's capacity), then get the one-replica service time."""
@@ -151,6 +183,92 @@ class SegmentEvaluator:
             generation=0.0,
             queue_end=queue + workload.request_rate * duration,
         )
+
+
+def slower_per_replica(
+    evaluator: SegmentEvaluator, workload: Workload, config: Config, reference: Config, replicas: int,
+    duration: float,
+) -> bool:
+    """Whether one replica at ``config`` serves its share (1 / ``replicas``) of ``workload``
+    with a higher mean end-to-end latency than one at ``reference`` would (no queue): the
+    truth's verdict on a probe, whatever the policy measured."""
+    share = _scaled(workload, 1.0 / max(1, replicas))
+    ours = evaluator.evaluate(share, config, duration, 0.0, 1).e2e_mean_s
+    theirs = evaluator.evaluate(share, reference, duration, 0.0, 1).e2e_mean_s
+    return ours > theirs
+
+
+def _scaled(workload: Workload, share: float) -> Workload:
+    return replace(workload, request_rate=workload.request_rate * share)
+
+
+def _mixed(*arms: _Eval) -> _Eval:
+    """Arms serving side by side: sums of arrivals, goodput, generation and queue; means and
+    P95s of the arrivals-weighted mixture."""
+    arrivals = math.fsum(a.arrivals for a in arms)
+    weights = [a.arrivals if arrivals > 0 else 1.0 for a in arms]
+    total = math.fsum(weights)
+
+    def mean(attr: str) -> float:
+        return math.fsum(w * getattr(a, attr) for w, a in zip(weights, arms)) / total
+
+    return _Eval(
+        arrivals=arrivals,
+        e2e_mean_s=mean("e2e_mean_s"),
+        e2e_p95_s=mixture_p95([(w, a.e2e_mean_s, a.e2e_p95_s) for w, a in zip(weights, arms)]),
+        tpot_mean_s=mean("tpot_mean_s"),
+        tpot_p95_s=mixture_p95([(w, a.tpot_mean_s, a.tpot_p95_s) for w, a in zip(weights, arms)]),
+        goodput=math.fsum(a.goodput for a in arms),
+        generation=math.fsum(a.generation for a in arms),
+        queue_end=math.fsum(a.queue_end for a in arms),
+    )
+
+
+_Z95 = NormalDist().inv_cdf(0.95)
+
+
+def _sigma(mean: float, p95: float) -> float:
+    """Lognormal sigma from mean and P95 (smaller root of s^2/2 - z s + ln(p95/mean) = 0)."""
+    if not (mean > 0 and math.isfinite(mean) and math.isfinite(p95)) or p95 <= mean:
+        return 0.0
+    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
+    return _Z95 - math.sqrt(max(0.0, disc))
+
+
+def mixture_p95(items: list[tuple[float, float, float]]) -> float:
+    """P95 of a weighted mixture of lognormals given as (weight, mean, p95)."""
+    total = math.fsum(w for w, _, _ in items)
+    if total <= 0:
+        return math.nan
+    if math.fsum(w for w, m, _ in items if not math.isfinite(m)) > 0.05 * total:
+        return math.inf
+    parts = []
+    for w, mean, p95 in items:
+        if not math.isfinite(mean) or mean <= 0:
+            continue
+        sigma = _sigma(mean, p95)
+        parts.append((w / total, math.log(mean) - sigma * sigma / 2.0, sigma, mean))
+    norm = NormalDist()
+
+    def cdf(x: float) -> float:
+        acc = 0.0
+        for w, mu, sigma, mean in parts:
+            if sigma <= 0:
+                acc += w if x >= mean else 0.0
+            else:
+                acc += w * norm.cdf((math.log(x) - mu) / sigma)
+        return acc
+
+    lo, hi = 0.0, max(p for _, _, p in items if math.isfinite(p)) * 2 + 1e-6
+    while cdf(hi) < 0.95 and hi < 1e9:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if mid <= 0 or cdf(mid) < 0.95:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def quantized(workload: Workload) -> Workload:
@@ -197,6 +315,28 @@ def rollout(start: float, old: Config, new: Config, replicas: int, rollout_s: fl
     return out
 
 
+def canary_start(
+    start: float, incumbent: Config, candidate: Config, replicas: int, canary_replicas: int, borrowed: int,
+    rollout_s: float,
+) -> list[Serving]:
+    """The serving schedule of a canary created at ``start``: the main Deployment gives up
+    ``borrowed`` replicas at once (capacity-neutral; 0 when the canary is extra, within the
+    surge budget), and the canary's ``canary_replicas`` serve once Ready, ``rollout_s`` later."""
+    main = replicas - borrowed
+    return [
+        Serving(start, incumbent, main, rolling=borrowed > 0),
+        Serving(start + rollout_s, incumbent, main, candidate=candidate, candidate_replicas=canary_replicas),
+    ]
+
+
+def canary_end(start: float, incumbent: Config, replicas: int, borrowed: int, rollout_s: float) -> list[Serving]:
+    """The serving schedule after a canary is deleted without a promotion: the main
+    Deployment's ``borrowed`` replicas start again and serve ``rollout_s`` later."""
+    if borrowed <= 0:
+        return [Serving(start, incumbent, replicas)]
+    return [Serving(start, incumbent, replicas - borrowed, rolling=True), Serving(start + rollout_s, incumbent, replicas)]
+
+
 def evaluate_schedule(
     scenario: Scenario,
     evaluator: SegmentEvaluator,
@@ -220,7 +360,13 @@ def evaluate_schedule(
             index += 1
         serving = schedule[index]
         phase_index, workload = evaluator.truth(scenario, a)
-        r = evaluator.evaluate(workload, serving.config, b - a, queue, serving.replicas)
+        candidate_worse = False
+        if serving.candidate is not None and serving.candidate_replicas > 0:
+            r, candidate_worse = evaluator.evaluate_canary(
+                workload, serving.config, serving.replicas, serving.candidate, serving.candidate_replicas, b - a, queue,
+            )
+        else:
+            r = evaluator.evaluate(workload, serving.config, b - a, queue, serving.replicas)
         violated = (
             (scenario.slo.p95_e2e_s is not None and r.e2e_p95_s > scenario.slo.p95_e2e_s)
             or (scenario.slo.p95_tpot_s is not None and r.tpot_p95_s > scenario.slo.p95_tpot_s)
@@ -233,6 +379,8 @@ def evaluate_schedule(
                 tpot_mean_s=r.tpot_mean_s, tpot_p95_s=r.tpot_p95_s,
                 goodput_tokens_per_s=r.goodput, generation_tokens_per_s=r.generation,
                 queue_end=r.queue_end, slo_violated=bool(violated),
+                candidate=serving.candidate if serving.candidate_replicas > 0 else None,
+                candidate_replicas=serving.candidate_replicas, candidate_worse=candidate_worse,
             )
         )
         queue = r.queue_end

@@ -95,8 +95,12 @@ def service_manifest(index: int, prometheus_url: str, namespace: str = NAMESPACE
 
     return draft_service(
         f"svc-{index}", namespace, k=3, replicas=REPLICAS, rollout={"maxSurge": 1, "maxUnavailable": 0},
+        # Canary experiments off: the figures count decisions, Deployment rollouts and pod
+        # starts of the main Deployment (a re-probe on a canary would be neither a decision's
+        # rollout nor a fault's pod); the canary's own crash-safety has its e2e tests (#15).
         autotune={"evaluationInterval": "5s", "window": "30s", "warmup": "5s", "minDrafts": 200, "minRequests": 10,
-                  "cooldown": "10s", "maxChangesPerHour": 60, "reprobeInterval": "30s"},
+                  "cooldown": "10s", "maxChangesPerHour": 60, "reprobeInterval": "30s",
+                  "experiments": {"enabled": False}},
         metrics={"prometheusUrl": prometheus_url, "scrapeInterval": f"{SCRAPE_S:g}s"})
 
 

@@ -49,6 +49,7 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
                 result.strategies[POLICY].score - result.strategies[result.best_static].score
             ),
             "day_long_stationary": result.day_long_stationary,
+            "held_back": result.held_back,
             "oracle_source": result.oracle_source,
             "strategies": {name: asdict(f) for name, f in result.strategies.items()},
             "with_schedules": None if result.schedules is None else {
@@ -57,6 +58,21 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
                 "oracle_source": result.schedules.oracle_source,
                 "oracle_plan": list(result.schedules.oracle_plan),
                 "strategies": {name: asdict(f) for name, f in result.schedules.strategies.items()},
+            },
+            "experiments": {
+                mode: {
+                    "experiments_enabled": v.experiments_enabled,
+                    "figures": asdict(v.figures),
+                    "restarts": v.restarts,
+                    "experiments": v.experiments,
+                    "promotions": v.promotions,
+                    "aborts": v.aborts,
+                    "cancelled": v.cancelled,
+                    "probe_cost": {**asdict(v.probe_cost), "replica_minutes": v.probe_cost.replica_minutes},
+                    "spans": [asdict(span) for span in v.spans],
+                    "changes": [asdict(c) for c in v.changes],
+                }
+                for mode, v in result.variants.items()
             },
             "phases": result.phases,
             "events": result.events,
@@ -189,6 +205,7 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
     console.print(events_table)
 
     _render_schedules(results, summary, console)
+    render_experiments(results, summary, console)
 
     suite_table = Table(title="The suite: mean and worst score per strategy")
     for column in ("strategy", "mean", "worst", "restarts", "SLO min"):
@@ -205,6 +222,65 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
         )
     console.print(suite_table)
     for target in summary["targets"]:
+        mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
+        console.print(f"  {mark}  {target['name']}: {target['detail']}")
+
+
+EXPERIMENTS_LEGEND = (
+    "Cells: experiments MODES; restarts also / the oracle's. experiments (with them on): canary experiments "
+    "started (promoted/aborted/cancelled). restarts: rollouts of "
+    "the main Deployment (every replica restarts); a canary's pod starts are not restarts: "
+    "they are priced in the score (the canary's replicas serve the candidate, a capacity-neutral canary's "
+    "borrowed replica serves nothing while the canary starts and again when it comes back) and in the cost. "
+    "failed-probe cost: replica-minutes that probes not kept took from the incumbent: served at the probe's "
+    "config while the truth says it was slower end to end than the config it was tested against, plus "
+    "replicas without capacity because of it (start-ups there and back); (failed/probes): their count. A probe is an experiment, or "
+    "without one a re-probe or tune change; not kept: no promotion, or the change undone within the "
+    "rollout plus 30 minutes. collapse: the true acceptance falls below the floor in the scenario. "
+    "held back: a scenario written with issue #15 and never used to tune the policy."
+)
+
+
+def render_experiments(results: Sequence[ScenarioResult], summary: dict[str, Any], console: Any) -> None:
+    """Issue #15's table: per scenario and mode (experiments on / off, side by side),
+    experiments, restarts against the oracle's, the failed-probe cost and the score; then
+    the issue's targets."""
+    from rich.table import Table
+
+    section = summary.get("experiments") or {}
+    modes = section.get("modes") or []
+    if not modes:
+        return
+    table = Table(title="Canary experiments (issue #15): " + " vs ".join(f"experiments {m}" for m in modes),
+                  caption=EXPERIMENTS_LEGEND.replace("MODES", " / ".join(modes)))
+    for column in ("scenario", "score", "experiments", "restarts", "failed-probe cost"):
+        table.add_column(column, justify="left" if column == "scenario" else "right", no_wrap=True)
+    rows = section["scenarios"]
+
+    def cells(values: dict[str, Any], oracle_restarts: Any) -> list[str]:
+        def joined(render) -> str:
+            return " / ".join(render(values[m]) if m in values else "-" for m in modes)
+
+        running = [m for m in modes if m == "on" and m in values]
+        return [
+            joined(lambda m: f"{m['score']:.3f}"),
+            " / ".join(f"{values[m]['experiments']:.0f} ({values[m]['promotions']:.0f}/{values[m]['aborts']:.0f}/"
+                       f"{values[m]['cancelled']:.0f})" for m in running) or "-",
+            joined(lambda m: f"{m['restarts']:.0f}") + f" / {oracle_restarts}",
+            joined(lambda m: f"{m['failed_probe_cost_replica_min']:.1f} ({m['failed_probes']:.0f}/{m['probes']:.0f})"),
+        ]
+
+    for r in results:
+        row = rows.get(r.name, {})
+        marks = [m for m, on in (("collapse", row.get("collapse")), ("held back", r.held_back)) if on]
+        table.add_row(f"{r.name}{' (' + ', '.join(marks) + ')' if marks else ''}",
+                      *cells({m: row[m] for m in modes if m in row}, row.get("oracle_restarts", "")))
+    totals = section.get("totals", {})
+    table.add_row("[bold]mean / total[/bold]",
+                  *cells({m: {"score": totals[m]["mean_score"], **totals[m]} for m in modes if m in totals},
+                         totals.get("oracle_restarts", "")))
+    console.print(table)
+    for target in section.get("targets", []):
         mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
         console.print(f"  {mark}  {target['name']}: {target['detail']}")
 

@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 from specdecode import api, timestamps
@@ -48,7 +47,8 @@ from specdecode.control import decision as dec
 from specdecode.control import evaluation
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.settings import PolicySettings
-from specdecode.control.metrics import QueryScope
+from specdecode.control.experiments import CanaryPlan, running_record
+from specdecode.control.metrics import ConfigKey, QueryScope
 from specdecode.control.perfmodel import OFF
 from specdecode.tools.scenario import Scenario, load_scenario
 
@@ -63,7 +63,6 @@ there (the policy, the oracle and every static choice, which switches at the sta
 DAY_LONG_S = 20 * 3600.0
 """A single-phase scenario at least this long is a day-long stationary one: its figure is
 the number of changes, its target the oracle's."""
-_Z95 = NormalDist().inv_cdf(0.95)
 
 strategy_name = engine.strategy_label
 
@@ -81,9 +80,12 @@ RESTART_S = 180.0
 """The restart price's duration the policy assumes (the scenario's true rollout is not told)."""
 
 
-def service_spec(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> api.SpecDecodeServiceSpec:
+def service_spec(
+    scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
+) -> api.SpecDecodeServiceSpec:
     """The scenario's service as a user would declare it: the API's defaults, the scenario's
-    method, K bounds, replicas and SLO, K = 3 declared within the bounds."""
+    method, K bounds, replicas and SLO, K = 3 declared within the bounds; canary experiments
+    as the API defaults them (on) or turned off (`autotune.experiments.enabled`)."""
     params = scenario.params
     speculation: dict[str, Any] = {
         "method": scenario.method, "numSpeculativeTokens": declared_config(params),
@@ -94,18 +96,24 @@ def service_spec(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_
     slo = {key: promql.format_duration(value) for key, value in
            (("p95EndToEnd", scenario.slo.p95_e2e_s), ("p95TimePerOutputToken", scenario.slo.p95_tpot_s))
            if value is not None}
+    autotune: dict[str, Any] = dict(scenario.autotune)
+    autotune["experiments"] = {**autotune.get("experiments", {}), "enabled": experiments}
+    if slo:
+        autotune["slo"] = slo
     return api.parse_spec({
         "model": {"name": "bench/target"},
         "speculation": speculation,
         "replicas": params.replicas,
-        "autotune": {"slo": slo} if slo else {},
+        "autotune": autotune,
         "metrics": {"scrapeInterval": promql.format_duration(scrape_interval_s)},
     })
 
 
-def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> PolicySettings:
+def policy_settings(
+    scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
+) -> PolicySettings:
     """The production settings of the scenario's service (`PolicySettings.from_spec`)."""
-    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s), restart_s=RESTART_S)
+    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s, experiments), restart_s=RESTART_S)
 
 
 # --- the policy in simulated time ------------------------------------------------------------
@@ -134,9 +142,44 @@ class Blocked:
 
 
 @dataclass
+class ExperimentSpan:
+    """One canary experiment as the benchmark ran it (from the status record it started)."""
+
+    purpose: str
+    candidate: int
+    incumbent: int
+    started: float
+    ready_at: float
+    """When the canary's pods became Ready (``started`` + the scenario's start-up time)."""
+    borrowed: int
+    """Replicas the main Deployment gave up for it (capacity-neutral canary)."""
+    replicas: int
+    ended: float | None = None
+    verdict: str = "Running"
+    reason: str = ""
+
+    @property
+    def promoted(self) -> bool:
+        return self.verdict == "Promote"
+
+
+@dataclass
+class _Canary:
+    """The running canary: its record's identity, its pods' slots and label."""
+
+    started_at: str
+    config: int
+    label: str
+    slots: tuple[int, ...]
+    borrowed_slots: tuple[int, ...]
+    span: ExperimentSpan
+
+
+@dataclass
 class PolicyRun:
     schedule: list[engine.Serving]
     changes: list[Change]
+    experiments: list[ExperimentSpan] = field(default_factory=list)
     alpha_trace: list[tuple[float, float]] = field(default_factory=list)
     rules: dict[str, int] = field(default_factory=dict)
     blocked: list[Blocked] = field(default_factory=list)
@@ -160,11 +203,20 @@ def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float |
                                      else status.ready_replicas})
 
 
-def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> PolicyRun:
+def run_policy(scenario: Scenario, settings: PolicySettings | None = None, experiments: bool = True) -> PolicyRun:
     """The policy against the scenario (deterministic in the scenario's seed), through the
-    production step and its status conversion (`evaluation.evaluate`)."""
-    spec = service_spec(scenario)
-    settings = settings or policy_settings(scenario)
+    production step and its status conversion (`evaluation.evaluate`).
+
+    With ``experiments``, a running record in ``status.experiments`` is a canary: its
+    replicas (`CanaryPlan.replicas`) run the candidate beside the main Deployment's, which
+    gives as many up when the canary borrows them (capacity-neutral); the canary's pods are
+    Ready after the scenario's start-up time, share the traffic per replica and are read
+    through their own config-hash label; their long-window observation is the ``canary``
+    the step judges. A verdict deletes the canary: a promotion is the step's change (a
+    normal rollout), any other end gives the main Deployment its replicas back (their
+    start-up again)."""
+    spec = service_spec(scenario, experiments=experiments)
+    settings = settings or policy_settings(scenario, experiments=experiments)
     params = scenario.params
     replicas = params.replicas
     scrape = settings.scrape_interval_s
@@ -189,8 +241,13 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
         config, 0.0, replicas,
     )
     run = PolicyRun(schedule=[engine.Serving(0.0, config, replicas)], changes=[])
-    transitions: list[tuple[float, int, str, int]] = []  # (time, slot, "stop"|"start", config)
+    # (time, slot, "stop"|"start", config, label): pod events still to come.
+    transitions: list[tuple[float, int, str, int, str | None]] = []
     live_at: float | None = None
+    canary: _Canary | None = None
+
+    def main_ready() -> int:
+        return sum(1 for slot in fleet.pods if slot < replicas)
 
     steps = int(math.floor(scenario.duration / scrape))
     for step in range(steps):
@@ -201,13 +258,13 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
             fleet.advance(scrape, truth.workload)
         due = [tr for tr in transitions if tr[0] <= t + 1e-9]
         transitions = [tr for tr in transitions if tr[0] > t + 1e-9]
-        for when, slot, what, new_config in sorted(due):
+        for when, slot, what, new_config, label in sorted(due, key=lambda tr: tr[:3]):
             if what == "stop":
                 fleet.stop(slot, when)
             else:
-                fleet.start(slot, new_config)
+                fleet.start(slot, new_config, label)
         if live_at is not None and t >= live_at - 1e-9:
-            status = _rendered(status, config, live_at, fleet.ready)
+            status = _rendered(status, config, live_at, main_ready())
             live_at = None
         outage = scenario.metrics_outage_at(t)
         if not outage:
@@ -215,6 +272,10 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
         if (step + 1) % every:
             continue
 
+        if status.ready_replicas != main_ready():
+            # The main Deployment's Ready pods, as the reconcile reports them (a canary's are not).
+            status = status.model_copy(update={"ready_replicas": main_ready()})
+        candidate_observation = None
         if outage:
             observed = PolicyObservations.unavailable(
                 f"Prometheus at http://prometheus:9090 is unreachable (scenario outage at "
@@ -222,28 +283,76 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
             )
             run.metrics_unavailable += 1
         else:
-            long = telemetry.current_observation(fleet.observe(long_scope, t), scenario.name, config)
+            read = fleet.observe(long_scope, t)
+            long = telemetry.current_observation(read, scenario.name, config)
             short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, config)
             observed = PolicyObservations.of(long, short)
-        result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t))
+            if canary is not None:
+                candidate_observation = read.get(ConfigKey(telemetry.NAMESPACE, scenario.name, canary.label))
+        result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t), canary=candidate_observation)
         status, decision = result.status, result.decision
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
             run.alpha_trace.append((t, decision.alpha))
-        if not result.rerender:
-            if decision.held is not None:
-                run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
-            continue
-        old, new = config, decision.config
-        run.changes.append(Change(t, old, new, decision.rule, decision.reason))
-        run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
-        for slot in range(replicas):
-            transitions.append((t + slot * rollout_s, slot, "stop", new))
-            transitions.append((t + (slot + 1) * rollout_s, slot, "start", new))
-        live_at = t + replicas * rollout_s
-        config = new
-        status = _rendered(status, config, ready=fleet.ready)
+
+        record = running_record(status) if experiments else None
+        freed: tuple[int, ...] = ()
+        if canary is not None and (record is None or record.started_at != canary.started_at):
+            # The experiment ended (a verdict, or cancelled): the canary's pods are deleted.
+            ended = next((r for r in reversed(status.experiments or []) if r.started_at == canary.started_at), None)
+            canary.span.ended = t
+            canary.span.verdict = ended.verdict if ended is not None else "Cancelled"
+            canary.span.reason = ended.reason if ended is not None else "the record is gone from status"
+            transitions = [tr for tr in transitions if tr[1] not in canary.slots]
+            run.schedule = [s for s in run.schedule if s.start <= t + 1e-9]
+            for slot in canary.slots:
+                fleet.stop(slot, t)
+            freed = canary.borrowed_slots
+            if not result.rerender:
+                # The main Deployment scales back: its pods start again at the running config.
+                run.schedule.extend(engine.canary_end(t, config, replicas, len(freed), rollout_s))
+                for slot in freed:
+                    transitions.append((t + rollout_s, slot, "start", config, None))
+                freed = ()
+            canary = None
+
+        if result.rerender:
+            old, new = config, decision.config
+            run.changes.append(Change(t, old, new, decision.rule, decision.reason))
+            run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
+            # Slots the canary borrowed start first (the Deployment is short of them), then
+            # the running pods restart one at a time.
+            for slot in freed:
+                transitions.append((t + rollout_s, slot, "start", new, None))
+            offset = 1 if freed else 0
+            running = [slot for slot in range(replicas) if slot not in freed]
+            for j, slot in enumerate(running):
+                transitions.append((t + (j + offset) * rollout_s, slot, "stop", new, None))
+                transitions.append((t + (j + offset + 1) * rollout_s, slot, "start", new, None))
+            live_at = t + (len(running) + offset) * rollout_s
+            config = new
+            status = _rendered(status, config, ready=main_ready())
+        elif decision.held is not None:
+            run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
+
+        if record is not None and canary is None:
+            # A new experiment: the canary Deployment is created, the main one gives up
+            # replicas when the canary borrows them.
+            plan = CanaryPlan.from_spec(spec)
+            size = plan.replicas
+            borrowed_slots = tuple(range(plan.main_replicas(spec), replicas))
+            slots = tuple(range(replicas, replicas + size))
+            candidate = record.candidate_k if record.candidate_enabled and record.candidate_k else OFF
+            for slot in borrowed_slots:
+                transitions = [tr for tr in transitions if tr[1] != slot]
+                fleet.stop(slot, t)
+            for slot in slots:
+                transitions.append((t + rollout_s, slot, "start", candidate, record.candidate_hash))
+            run.schedule.extend(engine.canary_start(t, config, candidate, replicas, size, len(borrowed_slots), rollout_s))
+            span = ExperimentSpan(record.purpose, candidate, config, t, t + rollout_s, len(borrowed_slots), size)
+            run.experiments.append(span)
+            canary = _Canary(record.started_at, candidate, record.candidate_hash, slots, borrowed_slots, span)
     return run
 
 
@@ -277,48 +386,7 @@ class Figures:
         return replace(self, score=score, goodput_ratio=good, latency_ratio=fast)
 
 
-def _sigma(mean: float, p95: float) -> float:
-    """Lognormal sigma from mean and P95 (smaller root of s^2/2 - z s + ln(p95/mean) = 0)."""
-    if not (mean > 0 and math.isfinite(mean) and math.isfinite(p95)) or p95 <= mean:
-        return 0.0
-    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
-    return _Z95 - math.sqrt(max(0.0, disc))
-
-
-def mixture_p95(items: list[tuple[float, float, float]]) -> float:
-    """P95 of a weighted mixture of lognormals given as (weight, mean, p95)."""
-    total = math.fsum(w for w, _, _ in items)
-    if total <= 0:
-        return math.nan
-    if math.fsum(w for w, m, _ in items if not math.isfinite(m)) > 0.05 * total:
-        return math.inf
-    parts = []
-    for w, mean, p95 in items:
-        if not math.isfinite(mean) or mean <= 0:
-            continue
-        sigma = _sigma(mean, p95)
-        parts.append((w / total, math.log(mean) - sigma * sigma / 2.0, sigma, mean))
-    norm = NormalDist()
-
-    def cdf(x: float) -> float:
-        acc = 0.0
-        for w, mu, sigma, mean in parts:
-            if sigma <= 0:
-                acc += w if x >= mean else 0.0
-            else:
-                acc += w * norm.cdf((math.log(x) - mu) / sigma)
-        return acc
-
-    lo, hi = 0.0, max(p for _, _, p in items if math.isfinite(p)) * 2 + 1e-6
-    while cdf(hi) < 0.95 and hi < 1e9:
-        hi *= 2
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        if mid <= 0 or cdf(mid) < 0.95:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+mixture_p95 = engine.mixture_p95
 
 
 def figures(segments: list[engine.Segment], changes: int) -> Figures:
@@ -338,6 +406,124 @@ def figures(segments: list[engine.Segment], changes: int) -> Figures:
         slo_violation_min=math.fsum(s.duration for s in segments if s.slo_violated) / 60.0,
         changes=changes,
     )
+
+
+# --- experiments and failed probes --------------------------------------------------------
+
+PROBE_MOVES = frozenset({dec.Rule.REPROBE, dec.Rule.TUNE})
+"""The moves a canary experiment tests first (issue #15); without experiments they restart
+every replica at once, and such a change is the probe."""
+
+
+@dataclass(frozen=True)
+class ProbeCost:
+    """What probes that were not kept cost, in replica-seconds.
+
+    A probe is a canary experiment, or (without one) a change by a re-probe or a tune move
+    (`PROBE_MOVES`). It was not kept when the experiment ended without a promotion, or when
+    the change was undone (the next change returned to the config it left) within the
+    rollout plus the experiments' maximum duration. Its cost:
+    - ``served_worse_s``: replica-seconds served at the probe's config while the truth says
+      it was slower end to end than the config it was tested against (each replica at its
+      share of the traffic, no queue);
+    - ``startup_s``: replica-seconds without capacity because of it: the pods it restarted
+      (every replica, one at a time, there and back) or the main replicas a capacity-neutral
+      canary borrowed (until the canary was Ready, and again when they came back).
+    """
+
+    probes: int = 0
+    failed: int = 0
+    served_worse_s: float = 0.0
+    startup_s: float = 0.0
+
+    @property
+    def replica_minutes(self) -> float:
+        return (self.served_worse_s + self.startup_s) / 60.0
+
+
+def probe_cost(
+    run: PolicyRun, segments: list[engine.Segment], evaluator: engine.SegmentEvaluator, rollout_s: float,
+    max_duration_s: float,
+) -> ProbeCost:
+    """The failed-probe cost of a policy run (`ProbeCost`)."""
+    replicas = evaluator.params.replicas
+    probes = failed = 0
+    worse = startup = 0.0
+    for span in run.experiments:
+        probes += 1
+        if span.ended is None or span.promoted:
+            continue
+        failed += 1
+        startup += span.borrowed * (min(rollout_s, span.ended - span.started) + rollout_s)
+        worse += math.fsum(
+            s.duration * s.candidate_replicas for s in segments
+            if s.candidate_worse and span.ready_at - 1e-9 <= s.start < span.ended
+        )
+    horizon = replicas * rollout_s + max_duration_s
+    for change, following in zip(run.changes, [*run.changes[1:], None]):
+        if change.rule not in PROBE_MOVES:
+            continue
+        probes += 1
+        if following is None or following.to_config != change.from_config or following.time - change.time > horizon:
+            continue
+        failed += 1
+        startup += 2 * replicas * rollout_s
+        end = following.time + replicas * rollout_s
+        for s in segments:
+            if change.time <= s.start < end and s.config == change.to_config and s.candidate is None and s.replicas > 0:
+                if engine.slower_per_replica(evaluator, s.workload, s.config, change.from_config, s.replicas, s.duration):
+                    worse += s.duration * s.replicas
+    return ProbeCost(probes, failed, worse, startup)
+
+
+@dataclass(frozen=True)
+class PolicyVariant:
+    """The policy with canary experiments on or off, scored against the same yardstick."""
+
+    experiments_enabled: bool
+    figures: Figures
+    experiments: int
+    promotions: int
+    aborts: int
+    cancelled: int
+    probe_cost: ProbeCost
+    spans: tuple[ExperimentSpan, ...] = ()
+    changes: tuple[Change, ...] = ()
+
+    @property
+    def restarts(self) -> int:
+        """Rollouts of the main Deployment (every replica restarts); a canary's pod starts are
+        not among them, they are priced in the score and in the failed-probe cost."""
+        return self.figures.changes
+
+
+EXPERIMENT_MODES = {"on": (True,), "off": (False,), "compare": (True, False)}
+"""``--experiments``: which policy runs; the first is the headline ``policy``."""
+
+
+def run_variant(
+    scenario: Scenario, measure: "Yardstick", experiments: bool,
+) -> tuple[PolicyVariant, PolicyRun, list[engine.Segment], PolicySettings]:
+    settings = policy_settings(scenario, experiments=experiments)
+    run = run_policy(scenario, settings, experiments=experiments)
+    segments = engine.evaluate_schedule(scenario, measure.evaluator, run.schedule)
+    raw = figures(segments, len(run.changes))
+    best = engine.best_axes(f.axes for f in measure.figures().values())
+    plan = CanaryPlan.from_spec(service_spec(scenario, experiments=experiments))
+    rollout_s = _align(scenario.params.rollout_s, settings.scrape_interval_s)
+    ended = [s for s in run.experiments if s.ended is not None]
+    variant = PolicyVariant(
+        experiments_enabled=experiments,
+        figures=raw.with_ratios(best),
+        experiments=len(run.experiments),
+        promotions=sum(1 for s in ended if s.promoted),
+        aborts=sum(1 for s in ended if s.verdict.startswith("Abort")),
+        cancelled=sum(1 for s in ended if s.verdict == "Cancelled"),
+        probe_cost=probe_cost(run, segments, measure.evaluator, rollout_s, plan.max_duration_s),
+        spans=tuple(run.experiments),
+        changes=tuple(run.changes),
+    )
+    return variant, run, segments, settings
 
 
 # --- one scenario ----------------------------------------------------------------------------
@@ -368,8 +554,12 @@ class ScenarioResult:
     rules: dict[str, int]
     best_static: str = ""
     day_long_stationary: bool = False
+    held_back: bool = False
     schedules: "ScheduleView | None" = None
     """The same scenario with per-batch-size schedules in the yardstick (None: not run)."""
+    variants: dict[str, PolicyVariant] = field(default_factory=dict)
+    """The policy with experiments "on" and/or "off" (``--experiments``); ``strategies``'
+    policy is the first mode's."""
 
 
 @dataclass(frozen=True)
@@ -612,17 +802,25 @@ def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
     )
 
 
-def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
-    """Every strategy on one scenario file: the policy, every static choice, the oracle
-    (and, with ``schedules``, the schedule family, each static, and the oracle with it)."""
+def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "on") -> ScenarioResult:
+    """Every strategy on one scenario file: the policy (with canary experiments ``on``,
+    ``off``, or both: ``compare``), every static choice, the oracle (and, with
+    ``schedules``, the schedule family, each static, and the oracle with it)."""
+    if experiments not in EXPERIMENT_MODES:
+        raise ValueError(f"experiments must be one of {', '.join(EXPERIMENT_MODES)}, got {experiments!r}")
     started = time.perf_counter()
     scenario = load_scenario(path)
     measure = yardstick(scenario, schedules)
     evaluator, configs, declared = measure.evaluator, measure.configs, measure.declared
     statics, oracle = measure.statics, measure.oracle
-    settings = policy_settings(scenario)
-    run = run_policy(scenario, settings)
-    policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
+    variants: dict[str, PolicyVariant] = {}
+    primary = None
+    for enabled in EXPERIMENT_MODES[experiments]:
+        variant, variant_run, variant_segments, variant_settings = run_variant(scenario, measure, enabled)
+        variants["on" if enabled else "off"] = variant
+        if primary is None:
+            primary = (variant_run, variant_segments, variant_settings)
+    run, policy_segments, settings = primary
 
     policy_figures = figures(policy_segments, len(run.changes))
     strategies = scored({POLICY: policy_figures, **measure.figures()})
@@ -659,5 +857,7 @@ def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
         rules=run.rules,
         best_static=best_static,
         day_long_stationary=is_day_long_stationary(scenario),
+        held_back=scenario.held_back,
         schedules=_schedule_view(measure, policy_figures) if schedules else None,
+        variants=variants,
     )

@@ -17,14 +17,21 @@ TARGET_WORST = 0.93
 TARGET_MARGIN_OVER_STATIC = 0.04
 TARGET_EXTRA_RESTARTS = 2
 TARGET_FALLBACK_INTERVALS = 3.0
+TARGET_EXPERIMENT_EXTRA_RESTARTS = 1
+"""Issue #15: restarts per scenario no more than the oracle's + 1 (experiments on)."""
+TARGET_PROBE_COST_FRACTION = 1.0 / 3.0
+"""Issue #15: the failed-probe cost with experiments at most a third of the cost without, on
+scenarios with a collapse."""
 
 
 def run_suite(
     paths: Sequence[str | Path],
     jobs: int | None = None,
     on_done: Callable[[ScenarioResult], None] | None = None,
+    experiments: str = "on",
 ) -> list[ScenarioResult]:
-    """Run every scenario, ``jobs`` at a time (default: the CPUs), results in input order.
+    """Run every scenario, ``jobs`` at a time (default: the CPUs), results in input order;
+    the policy with canary experiments ``on``, ``off`` or both (``compare``).
 
     Scenarios are independent and deterministic, so the parallel run gives the same numbers
     as a serial one.
@@ -34,7 +41,7 @@ def run_suite(
     if jobs == 1 or len(paths) == 1:
         results = []
         for path in paths:
-            result = run_scenario(path)
+            result = run_scenario(path, experiments=experiments)
             if on_done:
                 on_done(result)
             results.append(result)
@@ -43,7 +50,7 @@ def run_suite(
     order = sorted(range(len(paths)), key=lambda i: -_cost_hint(paths[i]))
     results: dict[int, ScenarioResult] = {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_scenario, paths[i]): i for i in order}
+        futures = {pool.submit(run_scenario, paths[i], True, experiments): i for i in order}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[futures[future]] = result
@@ -160,9 +167,77 @@ def summarize(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         "day_long_stationary_changes": {n: {"policy": p, "oracle": o} for n, p, o in day_long},
         "overall": overall(results),
         "schedules": schedules_summary(results),
+        "experiments": experiments_summary(results),
         "targets": [t.__dict__ for t in targets],
         "elapsed_s_sum": math.fsum(r.elapsed_s for r in results),
     }
+
+
+def is_collapse_scenario(result: ScenarioResult) -> bool:
+    """The true acceptance falls below the floor at some phase (whatever the policy did)."""
+    return bool(result.events["collapses"])
+
+
+def experiments_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """Issue #15's figures per scenario and mode (experiments on / off): experiments,
+    promotions, aborts, cancellations, restarts against the oracle's, the failed-probe cost
+    (`run.ProbeCost`) and the score; the issue's targets for the modes that ran."""
+    modes = [m for m in ("on", "off") if any(m in r.variants for r in results)]
+    if not modes:
+        return {}
+    rows: dict[str, Any] = {}
+    for r in results:
+        row: dict[str, Any] = {"oracle_restarts": r.strategies[ORACLE].changes, "collapse": is_collapse_scenario(r)}
+        for mode, v in r.variants.items():
+            cost = v.probe_cost
+            row[mode] = {
+                "score": v.figures.score,
+                "restarts": v.restarts,
+                "experiments": v.experiments,
+                "promotions": v.promotions,
+                "aborts": v.aborts,
+                "cancelled": v.cancelled,
+                "probes": cost.probes,
+                "failed_probes": cost.failed,
+                "failed_probe_cost_replica_min": cost.replica_minutes,
+                "failed_probe_served_worse_replica_min": cost.served_worse_s / 60.0,
+                "failed_probe_startup_replica_min": cost.startup_s / 60.0,
+                "experiment_verdicts": [
+                    {"purpose": s.purpose, "candidate": s.candidate, "incumbent": s.incumbent, "started_s": s.started,
+                     "ended_s": s.ended, "verdict": s.verdict, "reason": s.reason}
+                    for s in v.spans
+                ],
+            }
+        rows[r.name] = row
+    targets = []
+    if "on" in modes:
+        over = [(n, row["on"]["restarts"], row["oracle_restarts"]) for n, row in rows.items() if "on" in row
+                and row["on"]["restarts"] > row["oracle_restarts"] + TARGET_EXPERIMENT_EXTRA_RESTARTS]
+        targets.append(Target(
+            f"experiments on: restarts <= oracle's + {TARGET_EXPERIMENT_EXTRA_RESTARTS} in every scenario",
+            not over, ", ".join(f"{n}: {p} vs {o}" for n, p, o in over) or "all",
+        ))
+    if modes == ["on", "off"]:
+        collapse = [(n, row["on"]["failed_probe_cost_replica_min"], row["off"]["failed_probe_cost_replica_min"])
+                    for n, row in rows.items() if row["collapse"] and "on" in row and "off" in row]
+        misses = [(n, on, off) for n, on, off in collapse if on > TARGET_PROBE_COST_FRACTION * off + 1e-9]
+        targets.append(Target(
+            "experiments on: failed-probe cost <= 1/3 of experiments off on collapse scenarios",
+            bool(collapse) and not misses,
+            "; ".join(f"{n}: {on:.1f} vs {off:.1f} replica-min" for n, on, off in (misses or collapse))
+            or "no collapse scenario in this run",
+        ))
+    totals = {
+        mode: {
+            key: math.fsum(row[mode][key] for row in rows.values() if mode in row)
+            for key in ("experiments", "promotions", "aborts", "cancelled", "restarts", "failed_probe_cost_replica_min",
+                        "probes", "failed_probes")
+        } | {"mean_score": math.fsum(row[mode]["score"] for row in rows.values() if mode in row)
+             / max(1, sum(1 for row in rows.values() if mode in row))}
+        for mode in modes
+    }
+    totals["oracle_restarts"] = sum(row["oracle_restarts"] for row in rows.values())
+    return {"modes": modes, "scenarios": rows, "totals": totals, "targets": [t.__dict__ for t in targets]}
 
 
 def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:

@@ -80,6 +80,8 @@ class _Pod:
     name: str
     config: int
     engine: sim_engine.PodEngine
+    label: str
+    """Its config-hash label (a canary's pods carry the experiment's candidate hash)."""
     series: dict[tuple, RawSeries] = field(default_factory=dict)
 
 
@@ -103,17 +105,19 @@ class Fleet:
 
     # --- pods ------------------------------------------------------------------------------
 
-    def start(self, slot: int, config: int) -> None:
-        """A new pod in ``slot`` running ``config`` becomes Ready (counters from zero)."""
+    def start(self, slot: int, config: int, label: str | None = None) -> None:
+        """A new pod in ``slot`` running ``config`` becomes Ready (counters from zero),
+        labelled ``label`` (default: the config's own hash)."""
         self._generation += 1
-        name = f"{self.service}-{config_hash(config)}-{self._generation}"
+        label = label or config_hash(config)
+        name = f"{self.service}-{label}-{self._generation}"
         engine_config = sim_engine.EngineConfig(
             MODEL_NAME, self.method if config else None, config
         )
         rng = np.random.default_rng([self.seed, slot, self._generation])
         engine = BenchPodEngine(engine_config, self.params, rng)
         engine.request_acceptance_sd = self.request_acceptance_sd
-        self.pods[slot] = _Pod(name, config, engine)
+        self.pods[slot] = _Pod(name, config, engine, label)
 
     def stop(self, slot: int, at: float) -> None:
         """The pod in ``slot`` is deleted at ``at``: its series go stale."""
@@ -152,7 +156,7 @@ class Fleet:
                         "__name__": name,
                         "namespace": NAMESPACE,
                         constants.PROM_LABEL_SERVICE: self.service,
-                        constants.PROM_LABEL_CONFIG_HASH: config_hash(pod.config),
+                        constants.PROM_LABEL_CONFIG_HASH: pod.label,
                         "pod": pod.name,
                         x.LABEL_MODEL_NAME: MODEL_NAME,
                         x.LABEL_ENGINE: x.ENGINE_INDEX,
