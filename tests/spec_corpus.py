@@ -150,8 +150,8 @@ def sample_documents() -> list[tuple[str, dict[str, Any]]]:
 
 def spec_over(size_bytes: int) -> dict[str, Any]:
     """A spec larger than `size_bytes` of JSON with every typed field within its bounds: only
-    the pass-through Kubernetes objects (here pod.volumes) can carry that much. Valid: kopf
-    keeps a digest of it, not a copy, so nothing overflows the annotations."""
+    the pass-through Kubernetes objects (here pod.volumes) can carry that much. Over
+    api.SPEC_MAX_BYTES the apiserver admits it and `validate` and the operator refuse it."""
     items = [{"key": f"k{j}", "path": "p" * 200} for j in range(size_bytes // (16 * 220) + 1)]
     return spec_with({"pod": {"volumes": [{"name": f"v{i}", "configMap": {"name": "c", "items": items}} for i in range(16)]}})
 

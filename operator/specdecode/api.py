@@ -11,6 +11,7 @@ Field names are camelCase on the wire (Kubernetes convention) and snake_case in 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -107,8 +108,20 @@ LABEL_VALUE_MAX = 63
 # The schema's bounds keep the largest typed spec under this many bytes of JSON: kubectl's
 # client-side apply keeps a copy of the object in an annotation, and all annotations share
 # 256 KiB. (kopf keeps only a digest: see handlers.DigestDiffBaseStorage.) Only pass-through
-# Kubernetes objects (affinity, volumes, volume mounts, env valueFrom) can add more.
+# Kubernetes objects (affinity, volumes, volume mounts, env valueFrom) can add more, up to
+# SPEC_MAX_BYTES.
 SPEC_BOUND_BYTES = 120 * 1024
+# The most a whole spec may take, pass-through objects included (compact JSON with defaults,
+# as stored). Checked by `specdecode validate` and by the operator, not at admission: CEL
+# cannot see inside the pass-through objects (x-kubernetes-preserve-unknown-fields) and has
+# no serialized-size function, and typing them in the CRD would mean freezing a copy of
+# Kubernetes' Affinity, Volume (30 sources, an ephemeral claim template) and EnvVarSource
+# that lags every Kubernetes release, refuses their new fields (strict clients) or prunes
+# them (others). A spec over it: `validate` refuses it, the apiserver admits it, and the
+# operator reports it (Degraded, InvalidSpec, an Event) and applies nothing for it (a
+# serving service keeps its children as they were; a new one gets none).
+# 256 KiB is what all annotations share, so kubectl's client-side apply of a larger one fails.
+SPEC_MAX_BYTES = 256 * 1024
 # The schema's ceiling on replicas; the operator's own limit (settings.max_replicas) is lower.
 MAX_REPLICAS_SCHEMA = 256
 
@@ -1320,6 +1333,44 @@ class SpecError(ValueError):
     """A SpecDecodeService that breaks the API: one line naming the field and the fix."""
 
 
+class SpecTooLarge(SpecError):
+    """A spec over SPEC_MAX_BYTES: refused by `validate` and the operator, admitted by the
+    apiserver (see SPEC_MAX_BYTES for why)."""
+
+
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _pass_through(spec: "SpecDecodeServiceSpec") -> list[Any]:
+    """The free-form Kubernetes objects of a spec: only they can take it past the typed bound."""
+    return [spec.scheduling.affinity, spec.pod.volumes, spec.pod.volume_mounts,
+            [env.value_from for env in spec.engine.env]]
+
+
+def check_spec_size(spec: "SpecDecodeServiceSpec") -> None:
+    """Refuse a spec whose stored form exceeds SPEC_MAX_BYTES, naming its largest field. The
+    typed fields stay under SPEC_BOUND_BYTES, so a spec with small pass-through objects (every
+    evaluation parses the spec) is not serialized."""
+    if SPEC_BOUND_BYTES + _json_bytes(_pass_through(spec)) <= SPEC_MAX_BYTES:
+        return
+    wire = spec.to_wire()
+    size = _json_bytes(wire)
+    if size <= SPEC_MAX_BYTES:
+        return
+    fields = {f"spec.{key}": value for key, value in wire.items()}
+    for key, value in wire.items():
+        if isinstance(value, dict):
+            fields.update({f"spec.{key}.{sub}": item for sub, item in value.items()})
+    largest, largest_value = max(((k, v) for k, v in fields.items() if k.count(".") == 2 or not isinstance(v, dict)),
+                                 key=lambda kv: _json_bytes(kv[1]))
+    raise SpecTooLarge(
+        f"{largest}: {_json_bytes(largest_value) / 1024:.0f} KiB of JSON takes the spec to {size / 1024:.0f} KiB, "
+        f"over the {SPEC_MAX_BYTES // 1024} KiB a spec may take: move large content (files, long value lists) "
+        "into a ConfigMap or Secret and mount or reference it"
+    )
+
+
 def _field_path(loc: tuple[Any, ...], root: str) -> str:
     path = root
     for part in loc:
@@ -1357,9 +1408,11 @@ def describe_validation_error(err: ValidationError, root: str = "") -> str:
 def parse_spec(spec: dict[str, Any]) -> SpecDecodeServiceSpec:
     """Validate a spec as the operator reads it from the apiserver."""
     try:
-        return SpecDecodeServiceSpec.model_validate(spec)
+        parsed = SpecDecodeServiceSpec.model_validate(spec)
     except ValidationError as err:
         raise SpecError(describe_validation_error(err, root="spec")) from None
+    check_spec_size(parsed)
+    return parsed
 
 
 def parse_service(obj: Any) -> SpecDecodeService:
@@ -1372,6 +1425,8 @@ def parse_service(obj: Any) -> SpecDecodeService:
             f"{obj.get('apiVersion')!r} {obj.get('kind')!r}"
         )
     try:
-        return SpecDecodeService.model_validate(obj)
+        service = SpecDecodeService.model_validate(obj)
     except ValidationError as err:
         raise SpecError(describe_validation_error(err)) from None
+    check_spec_size(service.spec)
+    return service

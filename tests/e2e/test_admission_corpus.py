@@ -7,10 +7,13 @@ names, unknown fields, wrong types, huge strings, a spec over 256 KiB, the shipp
 and hypothesis-generated specs. The dry runs go out in parallel: the whole module takes
 seconds, not minutes.
 
-One kind of disagreement is by design: a spec the schema cannot judge (a speculation method
-the declared vLLM version lacks) passes admission, and `validate` refuses it when it renders;
-the operator reports it as Degraded/InvalidSpec with an Event (test_operator covers that).
-Such cases are checked for exactly that: admitted, and refused only at render time.
+Two kinds of disagreement are by design, and checked for exactly that: admitted, refused by
+`validate`, and reported by the operator as Degraded/InvalidSpec with an Event, nothing
+applied. A spec the schema cannot judge (a speculation method the declared vLLM version
+lacks: refused when it renders; test_operator covers the operator's side), and a spec over
+api.SPEC_MAX_BYTES made large by pass-through Kubernetes objects, which CEL cannot see into
+(api.SPEC_MAX_BYTES says why they are not typed in the CRD; the last test here covers the
+operator's side).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Verdict:
     validate_ok: bool = False
     validate_message: str = ""
     admission_ok_python: bool = False  # schema and rules, before rendering
+    too_large: bool = False  # over api.SPEC_MAX_BYTES: refused beyond admission
     apiserver_ok: bool = False
     apiserver_message: str = ""
 
@@ -82,6 +86,8 @@ def judge(cases: list[tuple[str, dict[str, Any]]], kube_api, tmp_path) -> list[V
         try:
             api.parse_service(verdict.doc)
             verdict.admission_ok_python = True
+        except api.SpecTooLarge:
+            verdict.admission_ok_python = verdict.too_large = True
         except api.SpecError:
             verdict.admission_ok_python = False
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -107,7 +113,8 @@ def test_every_corpus_case_gets_the_same_verdict_from_validate_and_the_apiserver
              for i, (case, change, _, _) in enumerate(BROKEN)]
     cases += [(f"valid/{case}", document(spec_with(change), f"v{i}", namespace))
               for i, (case, change, _, _) in enumerate(VALID)]
-    cases.append(("valid/pass-through-over-256KiB", document(spec_over(300 * 1024), "big", namespace)))
+    cases.append(("valid/pass-through-240KiB", document(spec_over(240 * 1024), "big", namespace)))
+    cases.append(("too-large/pass-through-300KiB", document(spec_over(300 * 1024), "bigger", namespace)))
     for name, doc in sample_documents():
         doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
         cases.append((f"sample/{name}", doc))
@@ -122,7 +129,10 @@ def test_every_corpus_case_gets_the_same_verdict_from_validate_and_the_apiserver
         assert verdict.validate_message.split(": ", 2)[2].startswith(field), (case, verdict.validate_message)
         leaf = field.rsplit(".", 1)[-1].split("[")[0]
         assert leaf in verdict.apiserver_message, (case, verdict.apiserver_message)
-    for case in [c for c in by_case if not c.startswith("broken/")]:
+    too_large = by_case["too-large/pass-through-300KiB"]
+    assert too_large.apiserver_ok and too_large.too_large and not too_large.validate_ok
+    assert "spec.pod.volumes: " in too_large.validate_message and "256 KiB" in too_large.validate_message
+    for case in [c for c in by_case if c.startswith(("valid/", "sample/"))]:
         assert by_case[case].validate_ok and by_case[case].apiserver_ok, (case, by_case[case])
 
 
@@ -160,23 +170,38 @@ def test_generated_specs_get_the_same_verdict_from_validate_and_the_apiserver(cl
     assert 10 <= accepted <= len(verdicts) - 10, accepted
 
 
-def test_a_spec_over_256_kib_is_served_and_kopf_keeps_only_a_digest(cluster, kube_api, operator, namespace):
+def test_a_spec_over_the_size_bound_is_reported_and_nothing_is_applied(cluster, kube_api, operator, namespace):
     """A spec whose pass-through objects take it over 256 KiB (the bounds keep every typed
-    field under 120 KiB) is admitted; the operator handles it instead of failing to write
-    kopf's bookkeeping (422) forever."""
+    field under 120 KiB) is admitted by the apiserver; the operator refuses it as `validate`
+    does: Degraded/InvalidSpec naming the field, an InvalidSpec Event, no Deployment. And kopf
+    keeps a digest of it, not a copy, so its own bookkeeping fits the annotations (before,
+    its patch failed with 422 and it retried forever)."""
+    from .conftest import wait_for
+
     doc = document(spec_over(300 * 1024), "big", namespace)
     done = kubectl(cluster, "apply", "--server-side", "-f", "-", input=yaml.safe_dump(doc))
     assert "serverside-applied" in done.stdout
 
-    from .conftest import wait_for
-
-    def handled() -> Optional[dict]:
+    def reported() -> Optional[dict]:
         sds = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(C.GROUP, C.VERSION, namespace, C.PLURAL, "big")
         annotations = sds["metadata"].get("annotations") or {}
         kopf_done = any(k.endswith("last-handled-configuration") for k in annotations)
-        return sds if (sds.get("status") or {}).get("phase") and kopf_done else None
+        degraded = [c for c in (sds.get("status") or {}).get("conditions") or [] if c["type"] == C.COND_DEGRADED]
+        invalid = degraded and degraded[0]["reason"] == C.REASON_INVALID_SPEC
+        return sds if invalid and kopf_done else None
 
-    sds = wait_for(handled, 60, "the big service to get a phase and kopf's bookkeeping")
+    sds = wait_for(reported, 60, "the big service to be Degraded/InvalidSpec with kopf's bookkeeping")
+    [degraded] = [c for c in sds["status"]["conditions"] if c["type"] == C.COND_DEGRADED]
+    assert degraded["message"].startswith("spec.pod.volumes: ") and "256 KiB" in degraded["message"]
+
+    def invalid_spec_events() -> list[dict]:
+        listed = client.CoreV1Api(kube_api).list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name=big,reason={C.EVENT_INVALID_SPEC}")
+        return listed.items
+
+    wait_for(invalid_spec_events, 20, "an InvalidSpec Event")
+    deployments = client.AppsV1Api(kube_api).list_namespaced_deployment(namespace).items
+    assert [d.metadata.name for d in deployments] == []
     annotations = sds["metadata"].get("annotations") or {}
     kopf_bytes = sum(len(k) + len(v) for k, v in annotations.items() if k.startswith(C.ANNOTATION_PREFIX))
     assert kopf_bytes < 2048, {k: len(v) for k, v in annotations.items()}

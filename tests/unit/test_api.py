@@ -57,9 +57,25 @@ def test_valid_corpus_specs_parse(case_id, change, field, words):
     api.parse_spec(spec_with(change))
 
 
-def test_a_spec_over_256_kib_of_pass_through_objects_parses():
+def test_a_spec_over_256_kib_of_pass_through_objects_is_refused_naming_the_largest_field():
+    """The apiserver admits it (CEL cannot see inside pass-through objects); the operator and
+    `validate` refuse it alike, through parse_spec / parse_service."""
     spec = spec_over(300 * 1024)
     assert len(json.dumps(spec)) > 300 * 1024
+    with pytest.raises(api.SpecTooLarge, match=r"^spec\.pod\.volumes: \d+ KiB of JSON takes the spec to 3\d\d KiB, "
+                                                r"over the 256 KiB a spec may take: move .* into a ConfigMap"):
+        api.parse_spec(spec)
+    with pytest.raises(api.SpecTooLarge):
+        api.parse_service(service_doc(spec))
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": [f"z{i:05d}" * 8 for i in range(6000)]}]}]}}}
+    with pytest.raises(api.SpecTooLarge, match=r"^spec\.scheduling\.affinity: "):
+        api.parse_spec(spec_with({"scheduling": {"affinity": affinity}}))
+
+
+def test_a_spec_just_under_the_size_bound_parses():
+    spec = spec_over(240 * 1024)
+    assert 240 * 1024 < len(json.dumps(spec, separators=(",", ":"))) < api.SPEC_MAX_BYTES
     api.parse_spec(spec)
 
 

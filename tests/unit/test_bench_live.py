@@ -54,6 +54,42 @@ def test_audit_writes_counts_one_users_writes_in_the_namespaces():
     assert live.count_by(writes) == {"patch specdecodeservices/status": 1, "create events": 1}
 
 
+def _write(verb, user, resource, name, second, subresource=None, request=None, code=200):
+    ref = {"resource": resource, "namespace": "ns", "name": name}
+    if subresource:
+        ref["subresource"] = subresource
+    return json.dumps({"stage": "ResponseComplete", "verb": verb, "user": {"username": user}, "objectRef": ref,
+                       "responseStatus": {"code": code}, "requestObject": request,
+                       "stageTimestamp": f"2026-12-01T00:00:{second:02d}.000000Z"},
+                      separators=(",", ":"))  # as the apiserver writes it
+
+
+def test_serving_stages_follow_each_service_from_creation_to_the_serving_write():
+    serving = [{"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
+               {"op": "add", "path": "/status", "value": {"phase": "Serving"}}]
+    progressing = [{"op": "add", "path": "/status", "value": {"phase": "Progressing"}}]
+    lines = [
+        _write("patch", "bench", "specdecodeservices", "a", 0),
+        _write("patch", "bench", "specdecodeservices", "b", 2),
+        _write("patch", "op", "deployments", "a", 3),
+        _write("patch", "op", "specdecodeservices", "a", 3, "status", progressing),
+        _write("patch", "op", "deployments", "b", 7),
+        _write("update", "kcm", "deployments", "a", 4, "status", {"status": {"replicas": 1}}),
+        _write("update", "kcm", "deployments", "a", 9, "status", {"status": {"availableReplicas": 1}}),
+        _write("update", "kcm", "deployments", "b", 12, "status", {"status": {"availableReplicas": 1}}),
+        _write("patch", "op", "specdecodeservices", "a", 10, "status", serving, code=409),  # refused: not it
+        _write("patch", "op", "specdecodeservices", "a", 11, "status", serving),
+        _write("patch", "op", "specdecodeservices", "b", 20, "status", serving),
+    ]
+    stages = {s.name: s for s in live.serving_stages(lines, "ns", "op")}
+    assert list(stages) == list(live.SERVING_STAGES)
+    assert stages["created"].last_at_s == 2 and stages["created"].services == 2
+    applied = stages["Deployment applied"]
+    assert (applied.median_s, applied.p90_s, applied.last_at_s) == (3, 5, 7)
+    assert stages["Deployment available"].last_at_s == 12
+    assert stages["Serving written"].last_at_s == 20 and stages["Serving written"].p90_s == 8
+
+
 def _fleet_figures(**overrides) -> fleet.FleetFigures:
     base = dict(services=500, serving_s=45.0, serving=500, steady_s=180.0, rss_mb=200.0, peak_rss_mb=230.0,
                 cpu_s_per_min=10.0, prometheus_queries_per_tick=40.0, prometheus_queries_per_min=480.0,

@@ -363,3 +363,18 @@ def test_a_spec_edit_that_changes_the_candidate_cancels_the_experiment():
     assert record["verdict"] == "Cancelled" and "candidate" in record["reason"]
     assert "Deployment" in kube.writes.applied[applied:]  # the main, at its full replicas
     assert _deployment(kube, "llama-canary") is None
+
+def test_a_new_service_over_the_size_bound_gets_invalid_spec_an_event_and_no_children():
+    from ..spec_corpus import spec_over
+
+    kube = MemoryKube()
+    kube.create_service(spec_over(300 * 1024))
+    controller = _controller(kube)
+    assert controller.reconcile("team-a", "llama") == "invalid_spec"
+    assert kube.writes.applied == []
+    [event] = kube.writes.events
+    assert event[:2] == ("Warning", C.EVENT_INVALID_SPEC) and event[2].startswith("spec.pod.volumes: ")
+    degraded = _condition(kube.service()["status"], C.COND_DEGRADED)
+    assert degraded["status"] == "True" and degraded["reason"] == C.REASON_INVALID_SPEC
+    assert "over the 256 KiB a spec may take" in degraded["message"]
+    _writes_nothing(kube, controller, "invalid_spec")

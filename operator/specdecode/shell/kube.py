@@ -48,6 +48,13 @@ def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
     return client.ApiClient()
 
 
+def _as_dict(_client: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """The answer as the JSON it is: the dynamic client's default wraps every nested dict of it
+    in a ResourceField, which `to_dict()` then unwraps again, 3 ms per Deployment read (6 times
+    json.loads); a fleet's reconciles read thousands."""
+    return data
+
+
 def _pointer(key: str) -> str:
     """A key as a JSON pointer segment."""
     return key.replace("~", "~0").replace("/", "~1")
@@ -95,14 +102,14 @@ class Kube:
 
     def get(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> Optional[dict[str, Any]]:
         try:
-            obj = self._resource(api_version, kind).get(name=name, namespace=namespace)
+            return self._resource(api_version, kind).get(name=name, namespace=namespace, serializer=_as_dict)
         except NotFoundError:
             return None
-        return obj.to_dict()
 
     def list(self, api_version: str, kind: str, namespace: Optional[str], label_selector: str = "") -> list[dict[str, Any]]:
-        result = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
-        return [item.to_dict() for item in result.items]
+        result = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector,
+                                                       serializer=_as_dict)
+        return result.get("items") or []
 
     def pod_log(self, namespace: str, pod: str, container: Optional[str], previous: bool, tail_lines: int = 200) -> str:
         """The tail of a container's log; empty when the node cannot serve logs (the
@@ -160,8 +167,9 @@ class Kube:
             namespace=meta.get("namespace"),
             field_manager=C.FIELD_MANAGER,
             force_conflicts=True,
+            serializer=_as_dict,
         )
-        return result.to_dict()
+        return result
 
     def take_back(self, obj: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
         """Replace each top-level spec field we render with its rendered value (a JSON patch,
@@ -180,9 +188,9 @@ class Kube:
         API_WRITES.labels("patch", obj["kind"]).inc()
         result = self._resource(obj["apiVersion"], obj["kind"]).patch(
             body=ops, name=meta["name"], namespace=meta.get("namespace"),
-            content_type="application/json-patch+json", field_manager=C.FIELD_MANAGER,
+            content_type="application/json-patch+json", field_manager=C.FIELD_MANAGER, serializer=_as_dict,
         )
-        return result.to_dict()
+        return result
 
     def delete(self, api_version: str, kind: str, name: str, namespace: Optional[str]) -> bool:
         API_WRITES.labels("delete", kind).inc()

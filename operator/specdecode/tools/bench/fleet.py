@@ -12,7 +12,6 @@ evaluation tick and per minute (Prometheus' own count), the operator's API write
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,10 @@ EVALUATION_INTERVAL = "30s"
 WINDOW = "60s"
 SERVING_GOAL_S = 60.0
 RSS_GOAL_MB = 250.0
+# Services applied at once: one server-side apply request each, as a GitOps tool or
+# `kubectl apply` in parallel would send them (kubectl alone sends them one by one: 38 s for
+# 500, most of it waiting for each answer in turn).
+APPLY_WORKERS = 8
 WORKLOAD = {"request_rate": 2.0, "prompt_tokens": 1000, "output_tokens": 300, "temperature": 0.0, "acceptance": 0.8}
 
 Progress = Callable[[str], None]
@@ -54,8 +57,10 @@ class FleetFigures:
     writes_per_min: float
     writes_by_request: dict[str, int] = field(default_factory=dict)
     apply_s: Optional[float] = None
-    """How long `kubectl apply` of the N services took (part of serving_s: the API server
-    creates them one by one while the operator already works on the first)."""
+    """How long applying the N services took (part of serving_s: one server-side apply per
+    service, APPLY_WORKERS at a time, while the operator already works on the first)."""
+    stages: list[dict] = field(default_factory=list)
+    """Where the time to Serving went (`live.serving_stages`, from the audit log)."""
     machine: str = ""
 
     def to_json(self) -> dict:
@@ -66,7 +71,10 @@ class FleetFigures:
             ("services", str(self.services)),
             ("apply -> all Serving", "never" if self.serving_s is None else f"{self.serving_s:.0f} s"
              + ("" if self.serving == self.services else f" ({self.serving} Serving)")),
-            ("  of which kubectl apply", "" if self.apply_s is None else f"{self.apply_s:.0f} s"),
+            ("  of which the apply", "" if self.apply_s is None else f"{self.apply_s:.0f} s"),
+            *[(f"  {s['name']}", f"{s['median_s']:.1f} s median, {s['p90_s']:.1f} s p90 after the step before; "
+                                 f"the last at {s['last_at_s']:.0f} s ({s['services']} services)")
+              for s in self.stages],
             ("steady stretch measured", f"{self.steady_s:.0f} s"),
             ("operator RSS (steady / peak)", f"{self.rss_mb:.0f} MB / {self.peak_rss_mb:.0f} MB"),
             ("operator CPU", f"{self.cpu_s_per_min:.1f} s per minute"),
@@ -126,7 +134,7 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
     import yaml
 
     from ...shell.kube import load_config
-    from ..localstack.install import OPERATOR_USER, kubectl
+    from ..localstack.install import OPERATOR_USER
     from ..localstack.stack import Stack
     from . import live
 
@@ -144,22 +152,21 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         stack.start_simulator(str(scenario), prometheus, label="fleet", namespaces=[NAMESPACE])
         custom = _custom_objects(load_config(str(cluster.kubeconfig)))
         k = steady_k()
-        manifest = "\n".join(json.dumps(fleet_service(i, k)) for i in range(services))
+        audit = live.AuditLog(cluster.audit_log)
+        before_apply = audit.mark()
 
         progress(f"applying {services} services")
         applied = time.monotonic()
-        kubectl(stack.kubectl_command, "apply", "--server-side", "--field-manager=specdecode-bench", "-f", "-",
-                input=manifest, timeout=max(300.0, serve_timeout_s))
+        apply_services(custom, [fleet_service(i, k) for i in range(services)])
         apply_s = time.monotonic() - applied
-        serving_s, serving = None, 0
-        while time.monotonic() - applied < serve_timeout_s:
-            serving = sum(1 for s in _statuses(custom) if s.get("phase") == C.PHASE_SERVING)
-            if serving == services:
-                serving_s = time.monotonic() - applied
-                break
-            time.sleep(1.0)
+        serving = wait_all_serving(custom, services, applied + serve_timeout_s)
+        serving_s = time.monotonic() - applied if serving == services else None
         progress(f"{serving}/{services} Serving after {time.monotonic() - applied:.0f} s; waiting for "
                  "every service's first evaluation on a full window")
+        stages = live.serving_stages(audit.lines_since(before_apply), NAMESPACE, OPERATOR_USER)
+        for stage in stages:
+            progress(f"  {stage.name}: {stage.median_s:.1f} s median, {stage.p90_s:.1f} s p90; "
+                     f"the last at {stage.last_at_s:.0f} s")
         deadline = time.monotonic() + serve_timeout_s + 300
         while time.monotonic() < deadline:
             measured = sum(1 for s in _statuses(custom) if (s.get("observations") or {}).get("alpha") is not None)
@@ -171,7 +178,6 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         progress(f"every service measured; {settle_s:.0f} s for the first full windows")
         time.sleep(settle_s)
         progress(f"measuring a steady stretch of {measure_s:.0f} s")
-        audit = live.AuditLog(cluster.audit_log)
         pid = operator.managed.process.pid
         start = _marks(pid, prometheus.url, operator.metrics_url)
         offset = audit.mark()
@@ -192,10 +198,60 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
             evaluations_per_min=(end["evaluations"] - start["evaluations"]) * per_min,
             decisions_per_min=(end["decisions"] - start["decisions"]) * per_min,
             writes_per_min=len(writes) * per_min, writes_by_request=live.count_by(writes),
-            apply_s=apply_s, machine=live.machine_note(),
+            apply_s=apply_s, stages=[asdict(stage) for stage in stages], machine=live.machine_note(),
         )
     finally:
         stack.close()
+
+
+def apply_services(custom, documents: list[dict], workers: int = APPLY_WORKERS) -> None:
+    """Server-side apply of every service, `workers` requests in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def apply(doc: dict) -> None:
+        meta = doc["metadata"]
+        custom.patch_namespaced_custom_object(
+            C.GROUP, C.VERSION, meta["namespace"], C.PLURAL, meta["name"], doc,
+            field_manager="specdecode-bench", force=True, _content_type="application/apply-patch+yaml")
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(apply, documents))
+
+
+def wait_all_serving(custom, services: int, deadline: float) -> int:
+    """Follow the services' phases with a watch until all `services` are Serving or the
+    deadline (time.monotonic()) passes; returns how many are. A watch, not a list every
+    second: listing 500 services with their status is megabytes of JSON a second for the API
+    server that the fleet's own work shares the cores with."""
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    phases: dict[str, Optional[str]] = {}
+    version = None
+    while time.monotonic() < deadline:
+        if version is None:
+            listed = custom.list_namespaced_custom_object(C.GROUP, C.VERSION, NAMESPACE, C.PLURAL)
+            phases = {item["metadata"]["name"]: (item.get("status") or {}).get("phase") for item in listed["items"]}
+            version = listed["metadata"]["resourceVersion"]
+        serving = sum(1 for phase in phases.values() if phase == C.PHASE_SERVING)
+        if serving >= services:
+            return serving
+        left = max(1, int(deadline - time.monotonic()))
+        try:
+            for event in watch.Watch().stream(custom.list_namespaced_custom_object, C.GROUP, C.VERSION, NAMESPACE,
+                                              C.PLURAL, resource_version=version, timeout_seconds=min(60, left)):
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                name = obj["metadata"]["name"]
+                phases[name] = None if event["type"] == "DELETED" else (obj.get("status") or {}).get("phase")
+                if phases[name] == C.PHASE_SERVING and \
+                        sum(1 for phase in phases.values() if phase == C.PHASE_SERVING) >= services:
+                    return services
+        except ApiException as err:
+            if err.status != 410:  # 410: the version is too old; list again
+                raise
+            version = None
+    return sum(1 for phase in phases.values() if phase == C.PHASE_SERVING)
 
 
 def _custom_objects(api_client):

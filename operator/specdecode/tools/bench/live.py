@@ -13,7 +13,7 @@ import os
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -211,3 +211,106 @@ def machine_note() -> str:
     except OSError:
         return f"{os.cpu_count()} CPUs"
     return f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+
+
+# ------------------------------------------------------------------------ time to Serving
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step on a new service's way to Serving, over the fleet: how long it took each
+    service after the previous step (median, 90th percentile) and when the last service
+    reached it, counted from the first service's creation (the path to "all Serving")."""
+
+    name: str
+    median_s: float
+    p90_s: float
+    last_at_s: float
+    services: int
+
+
+# The steps of a new service, in order, as the audit log shows them.
+SERVING_STAGES = ("created", "Deployment applied", "Deployment available", "Serving written")
+
+
+def _stamp(text: str) -> Optional[float]:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q of them at or below it."""
+    import math
+
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _says_serving(request: Any) -> bool:
+    """Whether a status write (a JSON patch or a whole object) sets phase Serving."""
+    if isinstance(request, list):
+        return any(isinstance(op, dict) and _says_serving(op.get("value")) for op in request)
+    if isinstance(request, dict):
+        status = request.get("status", request)
+        return isinstance(status, dict) and status.get("phase") == "Serving"
+    return False
+
+
+def _available(request: Any) -> bool:
+    return isinstance(request, dict) and ((request.get("status") or {}).get("availableReplicas") or 0) >= 1
+
+
+def serving_stages(lines: Iterable[str], namespace: str, operator_user: str) -> list[Stage]:
+    """Where the time to Serving goes, from the audit log (writes at RequestResponse): per
+    service, its creation, the operator's first apply of its Deployment, the Deployment
+    controller's first status with an available replica, the operator's status write that
+    says Serving. Services missing a step are left out of that step and the ones after it."""
+    first: dict[str, dict[str, float]] = {stage: {} for stage in SERVING_STAGES}
+    for line in lines:
+        if '"resource":"specdecodeservices"' not in line and '"resource":"deployments"' not in line:
+            continue  # most of a fleet's log is pods; skip them before parsing
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in WRITE_VERBS:
+            continue
+        ref = entry.get("objectRef") or {}
+        if ref.get("namespace") != namespace or not (200 <= (entry.get("responseStatus") or {}).get("code", 200) < 300):
+            continue
+        at = _stamp(entry.get("stageTimestamp", ""))
+        if at is None:
+            continue
+        user = (entry.get("user") or {}).get("username")
+        resource, sub, name = ref.get("resource"), ref.get("subresource"), ref.get("name", "")
+        stage = None
+        if resource == "specdecodeservices" and not sub and user != operator_user and entry["verb"] != "delete":
+            stage = "created"
+        elif resource == "deployments" and not sub and user == operator_user and entry["verb"] != "delete":
+            stage = "Deployment applied"
+        elif resource == "deployments" and sub == "status" and _available(entry.get("requestObject")):
+            stage = "Deployment available"
+        elif resource == "specdecodeservices" and sub == "status" and user == operator_user \
+                and _says_serving(entry.get("requestObject")):
+            stage = "Serving written"
+        if stage and name not in first[stage]:
+            first[stage][name] = at
+    created = first["created"]
+    if not created:
+        return []
+    origin = min(created.values())
+    stages = []
+    previous = created
+    for name in SERVING_STAGES:
+        reached = {svc: at for svc, at in first[name].items() if svc in previous}
+        if not reached:
+            break
+        gaps = [at - previous[svc] for svc, at in reached.items()] if name != "created" else [0.0]
+        stages.append(Stage(name, _percentile(gaps, 0.5), _percentile(gaps, 0.9),
+                            max(reached.values()) - origin, len(reached)))
+        previous = reached
+    return stages
