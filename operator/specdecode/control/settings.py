@@ -125,6 +125,11 @@ class PolicySettings:
     prior: EngineParams | None = None
     """Prior costs of the engine; default: `EngineParams.for_method(method)`."""
     tuning: PolicyTuning = field(default_factory=PolicyTuning)
+    schedules: bool = False
+    """autotune.schedules Auto: the policy may choose per-batch-size K schedules."""
+    schedules_unsupported: str | None = None
+    """Why this service cannot run an operator-chosen schedule (version, method, a declared
+    table), None when it can (`control.schedules.unsupported_reason`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
@@ -159,7 +164,7 @@ class PolicySettings:
     ) -> "PolicySettings":
         """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
         from specdecode import api
-        from specdecode.control import metrics
+        from specdecode.control import metrics, schedules
 
         auto, spec_k = spec.autotune, spec.speculation
         window = api.parse_duration(auto.window)
@@ -196,4 +201,6 @@ class PolicySettings:
             scrape_interval_s=scrape,
             prior=prior,
             tuning=tuning or PolicyTuning(),
+            schedules=auto.schedules == api.ScheduleMode.AUTO,
+            schedules_unsupported=schedules.unsupported_reason(spec),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specdecode import constants
+from specdecode.control import schedules
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import history_entry, recent_low_alpha, stored
@@ -22,10 +23,13 @@ from specdecode.control.metrics import Observation
 def step(
     settings: PolicySettings, state: ControlState, observed: PolicyObservations, now: float
 ) -> tuple[Decision, ControlState]:
-    """The decision on ``observed`` and the state after it (`advance`)."""
+    """The decision on ``observed`` and the state after it (`advance`); per-batch-size K
+    schedules are considered after the rules (`schedules.consider`)."""
     decision = decide(settings, state, observed, state.history, now)
+    decision, update = schedules.consider(settings, state, observed, decision, now)
     window = observed.window if observed.available else None
-    return decision, advance(state, decision, window, settings.min_drafts, now)
+    after = advance(state, decision, window, settings.min_drafts, now)
+    return decision, schedules.advance(after, state, decision, update)
 
 
 def advance(

@@ -56,6 +56,8 @@ POLICY = "policy"
 ORACLE = "oracle"
 ORACLE_SCHEDULES = "oracle+sched"
 """The oracle that may also choose the scenario's schedule family (`engine.schedule_family`)."""
+POLICY_SCHEDULES = "policy+sched"
+"""The policy with ``autotune.schedules: Auto`` (it may choose per-batch-size K schedules)."""
 SCRAPE_INTERVAL_S = 15.0
 DECLARED_K = 3
 """The K a service declares when its scenario does not bound it away: every strategy starts
@@ -81,7 +83,9 @@ RESTART_S = 180.0
 """The restart price's duration the policy assumes (the scenario's true rollout is not told)."""
 
 
-def service_spec(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> api.SpecDecodeServiceSpec:
+def service_spec(
+    scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, schedules: bool | None = None
+) -> api.SpecDecodeServiceSpec:
     """The scenario's service as a user would declare it: the API's defaults, the scenario's
     method, K bounds, replicas and SLO, K = 3 declared within the bounds."""
     params = scenario.params
@@ -94,18 +98,24 @@ def service_spec(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_
     slo = {key: promql.format_duration(value) for key, value in
            (("p95EndToEnd", scenario.slo.p95_e2e_s), ("p95TimePerOutputToken", scenario.slo.p95_tpot_s))
            if value is not None}
+    autotune: dict[str, Any] = {"slo": slo} if slo else {}
+    if schedules is not None:
+        autotune["schedules"] = "Auto" if schedules else "Off"
     return api.parse_spec({
         "model": {"name": "bench/target"},
         "speculation": speculation,
         "replicas": params.replicas,
-        "autotune": {"slo": slo} if slo else {},
+        "autotune": autotune,
         "metrics": {"scrapeInterval": promql.format_duration(scrape_interval_s)},
     })
 
 
-def policy_settings(scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> PolicySettings:
-    """The production settings of the scenario's service (`PolicySettings.from_spec`)."""
-    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s), restart_s=RESTART_S)
+def policy_settings(
+    scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, schedules: bool | None = None
+) -> PolicySettings:
+    """The production settings of the scenario's service (`PolicySettings.from_spec`);
+    ``schedules`` sets autotune.schedules (None: the API's default)."""
+    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s, schedules), restart_s=RESTART_S)
 
 
 # --- the policy in simulated time ------------------------------------------------------------
@@ -116,8 +126,8 @@ class Change:
     """One applied decision of the policy."""
 
     time: float
-    from_config: int
-    to_config: int
+    from_config: perfmodel.Config
+    to_config: perfmodel.Config
     rule: dec.Rule
     reason: str
 
@@ -148,7 +158,7 @@ def _align(t: float, step: float) -> float:
     return math.ceil(t / step - 1e-9) * step
 
 
-def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float | None = None,
+def _rendered(status: api.SpecDecodeServiceStatus, config: perfmodel.Config, live_at: float | None = None,
               ready: int | None = None) -> api.SpecDecodeServiceStatus:
     """What the reconcile writes: right after a change the new config's hash (the evaluator
     reconciles at once), and once every replica runs it, live since then."""
@@ -163,8 +173,8 @@ def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float |
 def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> PolicyRun:
     """The policy against the scenario (deterministic in the scenario's seed), through the
     production step and its status conversion (`evaluation.evaluate`)."""
-    spec = service_spec(scenario)
     settings = settings or policy_settings(scenario)
+    spec = service_spec(scenario, schedules=settings.schedules)
     params = scenario.params
     replicas = params.replicas
     scrape = settings.scrape_interval_s
@@ -177,7 +187,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
         telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
         scenario.noise.request_acceptance_sd,
     )
-    config = settings.configured_k
+    config: perfmodel.Config = settings.configured_k
     for slot in range(replicas):
         fleet.start(slot, config)
     status = _rendered(
@@ -235,7 +245,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None) -> Po
             if decision.held is not None:
                 run.blocked.append(Blocked(t, decision.wanted or decision.rule, decision.held, decision.reason))
             continue
-        old, new = config, decision.config
+        old, new = config, (decision.schedule if decision.schedule is not None else decision.config)
         run.changes.append(Change(t, old, new, decision.rule, decision.reason))
         run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
         for slot in range(replicas):
@@ -593,12 +603,16 @@ def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
 def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
     """Every strategy scored against the best goodput and the best latency among the oracle
     and every static choice (the policy's own figures never set a denominator)."""
-    best = engine.best_axes(f.axes for name, f in raw.items() if name != POLICY)
+    best = engine.best_axes(f.axes for name, f in raw.items() if name not in (POLICY, POLICY_SCHEDULES))
     return {name: f.with_ratios(best) for name, f in raw.items()}
 
 
-def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
+def _schedule_view(
+    measure: Yardstick, policy_figures: Figures, scheduled_figures: Figures | None = None
+) -> ScheduleView:
     raw = {POLICY: policy_figures, **measure.figures(), **measure.schedule_figures()}
+    if scheduled_figures is not None:
+        raw[POLICY_SCHEDULES] = scheduled_figures
     strategies = scored(raw)
     names = [strategy_name(s) for s in measure.family]
     best = max(names, key=lambda n: (strategies[n].score, -names.index(n))) if names else ""
@@ -613,6 +627,12 @@ def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
 
 
 def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
+    """See `_run_scenario`; with ``schedules`` the policy also runs with autotune.schedules
+    Auto (`POLICY_SCHEDULES`, reported beside the plain policy in the schedule view)."""
+    return _run_scenario(path, schedules)
+
+
+def _run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
     """Every strategy on one scenario file: the policy, every static choice, the oracle
     (and, with ``schedules``, the schedule family, each static, and the oracle with it)."""
     started = time.perf_counter()
@@ -620,9 +640,15 @@ def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
     measure = yardstick(scenario, schedules)
     evaluator, configs, declared = measure.evaluator, measure.configs, measure.declared
     statics, oracle = measure.statics, measure.oracle
-    settings = policy_settings(scenario)
+    settings = policy_settings(scenario, schedules=False)
     run = run_policy(scenario, settings)
     policy_segments = engine.evaluate_schedule(scenario, evaluator, run.schedule)
+    scheduled_figures = None
+    if schedules:
+        scheduled = run_policy(scenario, policy_settings(scenario, schedules=True))
+        scheduled_figures = figures(
+            engine.evaluate_schedule(scenario, evaluator, scheduled.schedule), len(scheduled.changes)
+        )
 
     policy_figures = figures(policy_segments, len(run.changes))
     strategies = scored({POLICY: policy_figures, **measure.figures()})
@@ -659,5 +685,5 @@ def run_scenario(path: str | Path, schedules: bool = True) -> ScenarioResult:
         rules=run.rules,
         best_static=best_static,
         day_long_stationary=is_day_long_stationary(scenario),
-        schedules=_schedule_view(measure, policy_figures) if schedules else None,
+        schedules=_schedule_view(measure, policy_figures, scheduled_figures) if schedules else None,
     )
