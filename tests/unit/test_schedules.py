@@ -249,3 +249,25 @@ def test_a_schedule_is_adopted_only_when_it_pays_and_renders_as_a_table():
     choice = render_workload.SpeculationChoice(k=3, per_batch_size=SCHEDULE.rows())
     args = render_workload.vllm_args(spec, choice)
     assert any("num_speculative_tokens_per_batch_size" in a for a in args)
+
+
+def test_a_surge_that_would_turn_speculation_off_adopts_a_schedule_and_the_calm_needs_no_restart():
+    """Where a schedule is nearly free (a draft without memory of its own, no per-step cost),
+    the tuning move to off at a surge becomes a schedule instead: the same one restart, and
+    none when the load falls back (the plain policy restarts again)."""
+    free = replace(TRUTH, draft_weight_tokens=0, draft_kv_ratio=0.0, schedule_overhead_s=0.0, spec_overhead_s=0.0)
+    settings = auto(prior=free)
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                         batch_low=2.0, batch_high=3.0, observed_at=NOW - 60)
+    decision, state = step(settings, state, both(workload(36), 3, params=free), NOW)
+    assert decision.rule is Rule.SCHEDULE and decision.schedule is not None, decision.reason
+    assert decision.reason.startswith("instead of off")
+    schedule = decision.schedule
+    assert schedule.k_at(2) == 3 and schedule.k_at(300) == 0
+    live = NOW + 360.0
+    state = replace(state, live_since=live)
+    for i, rate in enumerate([36] * 10 + [20, 10, 6] + [6] * 10):
+        now = live + 60.0 * (i + 1)
+        decision, state = step(settings, state, both(workload(rate), schedule, params=free, now=now), now)
+        assert not decision.changes, (rate, decision.rule, decision.reason)
+    assert state.schedule == schedule

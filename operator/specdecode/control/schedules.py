@@ -227,7 +227,9 @@ def _maybe_adopt(
             )
         except perfmodel.ScheduleError:
             continue
-        if len(proposal.schedule.bands) >= 2 and proposal.schedule.label not in state.rejected_schedules:
+        label = proposal.schedule.label
+        if (len(proposal.schedule.bands) >= 2 and label not in state.rejected_schedules
+                and all(c.schedule.label != label for c in candidates)):
             candidates.append(proposal)
     if not candidates:
         return decision, ScheduleUpdate(note="no schedule pays: one K fits every batch seen")
@@ -512,6 +514,8 @@ def _e2e_loss(
         plain = perfmodel.steady_state(params, workload, k)
         scheduled = perfmodel.steady_state(params, workload, schedule)
         if plain.saturated and scheduled.saturated:
+            # Both overloaded: the one with less capacity falls behind faster.
+            worst = max(worst, plain.capacity_rps / scheduled.capacity_rps - 1.0)
             continue
         if scheduled.saturated:
             return math.inf
