@@ -234,14 +234,30 @@ def _maybe_adopt(
     if not candidates:
         return decision, ScheduleUpdate(note="no schedule pays: one K fits every batch seen")
     low = min(b for b, _ in batches)
+    # Every check must hold at today's acceptance and at its recent low (the proposal's):
+    # a schedule that only pays while acceptance is low (a burst of hard text) is not one to
+    # restart for, nor one that only pays while it is high.
+    futures = (acceptance, _positions(est.alpha, params.acceptance_decay, settings.max_k))
+    alphas = (acceptance[0], est.alpha)
+
+    def worst_loss(config: perfmodel.Config, reference: int, at: Sequence[tuple[float, float]]) -> float:
+        out = -math.inf
+        for positions in futures:
+            ref = _per_token(params, reference, at, context, positions, prefill)
+            cost = _per_token(params, config, at, context, positions, prefill)
+            out = max(out, cost / ref - 1.0 if ref > 0 else math.inf)
+        return out
+
+    def worst_e2e(schedule: Schedule, reference: int, *factors: float) -> float | None:
+        losses = [_e2e_loss(params, est, schedule, reference, *factors, alpha=a) for a in alphas]
+        return None if any(x is None for x in losses) else max(losses)
+
     notes = []
     for proposal in candidates:
         schedule = proposal.schedule
         if instead:
-            loss = _e2e_loss(params, est, schedule, target)
-            plain_low = _per_token(params, state.k, [(low, 1.0)], context, acceptance, prefill)
-            sched_low = _per_token(params, schedule, [(low, 1.0)], context, acceptance, prefill)
-            low_loss = sched_low / plain_low - 1.0 if plain_low > 0 else math.inf
+            loss = worst_e2e(schedule, target)
+            low_loss = worst_loss(schedule, state.k, [(low, 1.0)])
             if loss is None or loss > ADOPT_MAX_LOSS or low_loss > ADOPT_MAX_LOSS:
                 notes.append(f"{schedule.label}: {_pct(loss)} e2e against {_label(target)} now, "
                              f"{_pct(low_loss)} per token against K={state.k} at batch {low:.0f}")
@@ -253,10 +269,8 @@ def _maybe_adopt(
                 f"{low:.0f} ({_pct(low_loss)} per token): the same restart now, none when the load returns"
             )
         else:
-            plain = _per_token(params, state.k, batches, context, acceptance, prefill)
-            scheduled = _per_token(params, schedule, batches, context, acceptance, prefill)
-            gain = 1.0 - scheduled / plain if plain > 0 else 0.0
-            loss = _e2e_loss(params, est, schedule, state.k, SURGE)
+            gain = -worst_loss(schedule, state.k, batches)
+            loss = worst_e2e(schedule, state.k, SURGE)
             if gain < ADOPT_GAIN or loss is None or loss > ADOPT_MAX_LOSS:
                 notes.append(f"{schedule.label}: {gain:.1%} per token saved against K={state.k} "
                              f"(needs {ADOPT_GAIN:.0%}), {_pct(loss)} e2e")
@@ -461,8 +475,7 @@ def _model(
     alpha = est.alpha
     if state.recent_low_alpha is not None:
         alpha = min(alpha, state.recent_low_alpha)
-    decay = params.acceptance_decay
-    acceptance = tuple(min(1.0, alpha * decay ** i) for i in range(max(1, settings.max_k)))
+    acceptance = _positions(alpha, params.acceptance_decay, settings.max_k)
     mean = est.batch_per_replica
     peak = obs.peak_running if obs.peak_running is not None and obs.peak_running > mean else mean
     low = mean if state.batch_low is None else min(mean, state.batch_low)
@@ -478,6 +491,11 @@ def _prefill(est: Estimate, params: EngineParams) -> float:
     if est.step_time_s is None:
         return 0.0
     return est.request_rate / max(1, params.replicas) * est.prompt_tokens * est.step_time_s
+
+
+def _positions(alpha: float, decay: float, max_k: int) -> tuple[float, ...]:
+    """Per-position conditional acceptance from the fitted alpha and decay."""
+    return tuple(min(1.0, alpha * decay ** i) for i in range(max(1, max_k)))
 
 
 def _per_token(
@@ -504,13 +522,15 @@ def _measured_per_token(obs: Observation) -> float | None:
 
 
 def _e2e_loss(
-    params: EngineParams, est: Estimate, schedule: Schedule, k: int, *factors: float
+    params: EngineParams, est: Estimate, schedule: Schedule, k: int, *factors: float,
+    alpha: float | None = None,
 ) -> float | None:
     """The largest predicted relative loss of mean e2e latency of ``schedule`` against plain
-    ``k`` at today's load and at each of ``factors`` times it (negative: it gains)."""
+    ``k`` at today's load and at each of ``factors`` times it (negative: it gains), at
+    acceptance ``alpha`` (default: the estimate's)."""
     worst = -math.inf
     for factor in (1.0, *factors):
-        workload = workload_of(est, est.alpha, factor)
+        workload = workload_of(est, est.alpha if alpha is None else alpha, factor)
         plain = perfmodel.steady_state(params, workload, k)
         scheduled = perfmodel.steady_state(params, workload, schedule)
         if plain.saturated and scheduled.saturated:
