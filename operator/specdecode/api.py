@@ -786,6 +786,13 @@ class AutotuneMode(str, Enum):
     OFF = "Off"
 
 
+class ScheduleMode(str, Enum):
+    """Whether the operator chooses per-batch-size K schedules (autotune.schedules)."""
+
+    AUTO = "Auto"
+    OFF = "Off"
+
+
 class LatencySLO(ApiModel):
     """Latency objectives; when P95 breaks one and speculation is the likely cause, the operator
     falls back fast."""
@@ -917,6 +924,22 @@ class Autotune(ApiModel):
         default_factory=ExperimentsSpec,
         description="Canary experiments: measure a re-probe or a change of K on a canary replica "
         "before it reaches every replica.",
+    )
+    schedules: ScheduleMode = Field(
+        ScheduleMode.OFF,
+        description="Auto lets the operator choose a per-batch-size K schedule (vLLM's "
+        "num_speculative_tokens_per_batch_size, 0.24 and later): a few ranges of the running batch "
+        "size, each with its K (0 = no drafting there), chosen from the measured step time, the "
+        "per-position acceptance and the running batch the service sees, so load swings are "
+        "followed inside the engine without restarts. Adopting or replacing a schedule restarts "
+        "the pods once. Costs: every step pays a per-step overhead (calibrated after rollout), "
+        "vLLM may fall back from full to piecewise CUDA graphs, and the draft's weights and KV "
+        "cache stay loaded even in ranges at K 0. After every schedule rollout the operator "
+        "compares measured time per token with the plain K it replaced and reverts a schedule "
+        "that is clearly worse (remembered in status.rejectedSchedules). Off (the default: on "
+        "the shipped benchmark suite schedules did not beat the plain policy) keeps plain K. A "
+        "declared speculation.perBatchSizeK is always the user's fixed choice. Versions or "
+        "methods whose vLLM drops the table run plain K (status.speculation.scheduleReason).",
     )
 
 
@@ -1115,6 +1138,26 @@ class EffectiveSpeculation(StatusModel):
         "declaration restarts from the declared K.",
         max_length=64,
     )
+    schedule: Optional[str] = Field(
+        None,
+        description="Per-batch-size K schedule chosen by the operator (autotune.schedules Auto), as "
+        "`<first batch>-<last batch>:K<k>` ranges, the last open (`1-16:K4,17+:off`); absent: plain K.",
+        max_length=256,
+    )
+    schedule_reason: Optional[Redacted(512)] = Field(
+        None,
+        description="Why no schedule runs although autotune.schedules is Auto (the vLLM version "
+        "or method drops the table, a declared perBatchSizeK), or why the schedule was chosen.",
+        max_length=512,
+    )
+    schedule_replaced_k: Optional[int] = Field(
+        None, description="The plain K the schedule replaced (what a revert returns to)."
+    )
+    schedule_step_scale: Optional[float] = Field(
+        None,
+        description="Measured / prior step time of the plain K the schedule replaced: the "
+        "calibration the schedule's after-rollout check predicts that plain K with.",
+    )
 
 
 class Observations(StatusModel):
@@ -1153,6 +1196,25 @@ class Observations(StatusModel):
         None, description="Mean engine step time (inter-token latency sum / count), seconds."
     )
     running_requests: Optional[float] = Field(None, description="Mean running batch per replica.")
+    peak_running_requests: Optional[float] = Field(
+        None, description="Largest running batch of one replica in the window (max_over_time)."
+    )
+    recent_low_running_requests: Optional[float] = Field(
+        None,
+        description="Smallest mean running batch of a replica in recent evaluations (a new low at "
+        "once, forgotten over hours; autotune.schedules Auto only): the bottom of the batch range a "
+        "per-batch-size K schedule is chosen for.",
+    )
+    recent_peak_running_requests: Optional[float] = Field(
+        None,
+        description="Largest running batch of a replica in recent evaluations (a new peak at once, "
+        "forgotten over hours; autotune.schedules Auto only): the top of that range.",
+    )
+    schedule_overhead_seconds: Optional[float] = Field(
+        None,
+        description="Per-step cost of running under a per-batch-size K schedule, calibrated from "
+        "the measured step time after a schedule rollout (kept across rollouts).",
+    )
     waiting_requests: Optional[float] = Field(None, description="Mean queued requests per replica.")
     kv_cache_usage: Optional[float] = Field(None, description="KV-cache usage, 0 to 1.")
     preemption_rate: Optional[float] = Field(None, description="Preemptions per second.")
@@ -1194,6 +1256,12 @@ class DecisionRecord(StatusModel):
     )
     step_scale: Optional[float] = Field(
         None, description="Measured / prior engine step time of the config being left (calibration memory)."
+    )
+    from_schedule: Optional[str] = Field(
+        None, description="Per-batch-size K schedule before (status.speculation.schedule's form).", max_length=256
+    )
+    to_schedule: Optional[str] = Field(
+        None, description="Per-batch-size K schedule after; absent for plain K.", max_length=256
     )
 
 
@@ -1257,6 +1325,15 @@ class ExperimentRecord(StatusModel):
     @property
     def running(self) -> bool:
         return self.verdict == "Running"
+class RejectedSchedule(StatusModel):
+    """A per-batch-size K schedule the operator reverted: not chosen again for this spec."""
+
+    schedule: str = Field(description="The schedule (as in status.speculation.schedule).", max_length=256)
+    reason: Redacted(1024) = Field("", description="Why it was reverted, with the measured numbers.", max_length=1024)
+    spec_hash: Optional[str] = Field(
+        None, description="Declared speculation it was measured under (a new declaration forgets it).", max_length=64
+    )
+    at: str = Field(description="When (RFC 3339).", max_length=64)
 
 
 class SpecDecodeServiceStatus(StatusModel):
@@ -1286,6 +1363,12 @@ class SpecDecodeServiceStatus(StatusModel):
         description=f"Last {C.MAX_EXPERIMENTS} canary experiments, newest last; one runs while the last "
         "has verdict Running.",
         max_length=C.MAX_EXPERIMENTS,
+    )
+    rejected_schedules: list[RejectedSchedule] = Field(
+        default_factory=list,
+        description="Per-batch-size K schedules reverted after rollout because they measured clearly "
+        "worse than the plain K they replaced; not chosen again for this spec.",
+        max_length=8,
     )
 
 

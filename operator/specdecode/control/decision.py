@@ -10,7 +10,7 @@ from enum import Enum, StrEnum
 from typing import Any
 
 from specdecode import timestamps
-from specdecode.control.perfmodel import OFF
+from specdecode.control.perfmodel import OFF, Schedule
 
 
 class Action(str, Enum):
@@ -50,6 +50,10 @@ class Rule(StrEnum):
     BUDGET = "budget"
     EXPERIMENT = "experiment"
     """A canary experiment: started instead of a move, running, or promoted (the change)."""
+    SCHEDULE = "schedule"
+    """A per-batch-size K schedule adopted or replaced (`control.schedules`)."""
+    SCHEDULE_REVERT = "schedule-revert"
+    """A schedule measured clearly worse than the plain K it replaced: back to that K."""
 
 
 CANARIED_RULES = frozenset({Rule.TUNE, Rule.REPROBE})
@@ -156,6 +160,9 @@ class Decision:
     """Why a rule that wanted a change held (None: it did not hold one back)."""
     wanted: Rule | None = None
     """The rule whose change was held (for cooldown and budget holds, the one that wanted it)."""
+    schedule: Schedule | None = None
+    """The per-batch-size K schedule decided (``k`` is its largest K); None: plain K. Any
+    decision without one leaves a running schedule for plain K."""
 
     @property
     def config(self) -> int:

@@ -65,6 +65,10 @@ class HistoryEntry:
     """Acceptance measured on the config being left (memory for re-probes)."""
     step_scale: float | None = None
     """Measured/prior step time of the config being left (calibration memory)."""
+    from_schedule: str | None = None
+    """Per-batch-size K schedule left (its label), None for plain K."""
+    to_schedule: str | None = None
+    """Per-batch-size K schedule chosen (its label), None for plain K."""
 
     @property
     def from_config(self) -> int:
@@ -89,6 +93,10 @@ class HistoryEntry:
             out["alpha"] = round(self.alpha, STATUS_DIGITS)
         if self.step_scale is not None:
             out["stepScale"] = round(self.step_scale, STATUS_DIGITS)
+        if self.from_schedule is not None:
+            out["fromSchedule"] = self.from_schedule
+        if self.to_schedule is not None:
+            out["toSchedule"] = self.to_schedule
         return out
 
     @classmethod
@@ -104,6 +112,8 @@ class HistoryEntry:
             applied=bool(record.get("applied", True)),
             alpha=record.get("alpha"),
             step_scale=record.get("stepScale"),
+            from_schedule=record.get("fromSchedule"),
+            to_schedule=record.get("toSchedule"),
         )
 
 
@@ -177,6 +187,8 @@ def history_entry(decision: "Decision", now: float, state: "ControlState") -> Hi
         applied=decision.applied,
         alpha=stored(decision.alpha if state.enabled else None),
         step_scale=stored(decision.step_scale),
+        from_schedule=state.schedule.label if state.schedule is not None else None,
+        to_schedule=decision.schedule.label if decision.schedule is not None else None,
     )
 
 

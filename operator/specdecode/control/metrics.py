@@ -134,7 +134,7 @@ class QuerySpec:
         window = promql.format_duration(scope.window_s)
         if self.function == "value":
             inner = " or ".join(f"{name}{{{matchers}}}" for name in self.names)
-        elif self.function in ("increase", "avg_over_time"):
+        elif self.function in ("increase", "avg_over_time", "max_over_time"):
             inner = " or ".join(f"{self.function}({name}{{{matchers}}}[{window}])" for name in self.names)
         elif self.function == "timestamp":
             inner = " or ".join(f"timestamp({name}{{{matchers}}})" for name in self.names)
@@ -166,6 +166,9 @@ QUERY_SPECS: tuple[QuerySpec, ...] = (
     _counter("preemptions", N.total(N.PREEMPTIONS)),
     QuerySpec("running", N.RUNNING, "avg_over_time", "sum"),
     QuerySpec("waiting", N.WAITING, "avg_over_time", "sum"),
+    # The largest running batch of any one pod in the window: the top of the batch range a
+    # per-batch-size K schedule must serve (`control.schedules`).
+    QuerySpec("peak_running", N.RUNNING, "max_over_time", "max"),
     QuerySpec("kv_cache_usage", N.KV_CACHE_USAGE, "avg_over_time", "avg"),
     QuerySpec("newest_sample", N.RUNNING, "timestamp", "max"),
     QuerySpec("pods", N.RUNNING, "value", "count", (LABEL_NAME,)),
@@ -319,6 +322,8 @@ class Observation:
     metric_spellings: tuple[str, ...] = ()
     """How Prometheus stores the pods' vLLM series (`SPELLINGS`): ``("vllm_",)`` when the
     scrape escaped the names; both when some pods are stored one way and some the other."""
+    peak_running: float | None = None
+    """Largest running batch of one pod over the window (``max_over_time``)."""
 
     @property
     def metric_names(self) -> str | None:
@@ -380,6 +385,7 @@ class Observation:
             "meanTimePerOutputTokenSeconds": _round(self.tpot_mean_s, 5),
             "meanStepSeconds": _round(self.step_time_mean_s, 5),
             "runningRequests": _round(self.batch_per_pod, 2),
+            "peakRunningRequests": _round(self.peak_running, 2),
             "waitingRequests": _round(
                 None if self.waiting is None or pods is None else self.waiting / pods, 2
             ),
@@ -557,6 +563,7 @@ def build_observations(
             preemption_rate=per_second("preemptions"),
             generation_tps=per_second("generation_tokens"),
             prompt_tps=per_second("prompt_tokens"),
+            peak_running=get("peak_running", key),
             metric_spellings=tuple(
                 prefix for prefix in SPELLINGS if any(spelling_of(n) == prefix for n in pods_seen)
             ),
@@ -597,6 +604,8 @@ def _series_value(
         return promql.increase(series.samples, at, window_s, rules)
     if spec.function == "avg_over_time":
         return promql.avg_over_time(series.samples, at, window_s, rules)
+    if spec.function == "max_over_time":
+        return promql.max_over_time(series.samples, at, window_s, rules)
     sample = promql.instant_sample(series.samples, at, rules, series.stale_at)
     if sample is None:
         return None

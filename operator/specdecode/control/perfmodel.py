@@ -443,6 +443,26 @@ class Schedule:
             parts.append(f"{span}:{'off' if k == 0 else f'K{k}'}")
         return ",".join(parts)
 
+    @classmethod
+    def from_label(cls, text: str, last_end: int = 1024) -> "Schedule":
+        """The schedule a `label` names (``1-16:K4,17+:off``); the open last range ends at
+        ``last_end`` (or its start), as vLLM carries its K on anyway."""
+        bands = []
+        try:
+            for part in text.split(","):
+                span, _, k_text = part.strip().partition(":")
+                k = 0 if k_text == "off" else int(k_text.removeprefix("K"))
+                if span.endswith("+"):
+                    start = int(span[:-1])
+                    end = max(start, last_end)
+                else:
+                    start_text, _, end_text = span.partition("-")
+                    start, end = int(start_text), int(end_text)
+                bands.append((start, end, k))
+        except ValueError as err:
+            raise ScheduleError(f"schedule {text!r}: expected ranges like 1-16:K4,17+:off") from err
+        return cls(tuple(bands))
+
     def rows(self) -> tuple[tuple[int, int, int], ...]:
         """The table as vLLM takes it (the last range's end as given)."""
         return self.bands

@@ -128,6 +128,11 @@ class PolicySettings:
     tuning: PolicyTuning = field(default_factory=PolicyTuning)
     experiments: ExperimentPolicy | None = None
     """spec.autotune.experiments (`from_spec`); None: no experiments, every move applies at once."""
+    schedules: bool = False
+    """autotune.schedules Auto: the policy may choose per-batch-size K schedules."""
+    schedules_unsupported: str | None = None
+    """Why this service cannot run an operator-chosen schedule (version, method, a declared
+    table), None when it can (`control.schedules.unsupported_reason`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
@@ -162,7 +167,7 @@ class PolicySettings:
     ) -> "PolicySettings":
         """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
         from specdecode import api
-        from specdecode.control import metrics
+        from specdecode.control import metrics, schedules
 
         auto, spec_k = spec.autotune, spec.speculation
         window = api.parse_duration(auto.window)
@@ -200,4 +205,6 @@ class PolicySettings:
             prior=prior,
             tuning=tuning or PolicyTuning(),
             experiments=ExperimentPolicy.from_spec(spec),
+            schedules=auto.schedules == api.ScheduleMode.AUTO,
+            schedules_unsupported=schedules.unsupported_reason(spec),
         )

@@ -22,7 +22,7 @@ from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
 from specdecode.control.experiments import Experiment
 from specdecode.control.memory import HistoryEntry, history_from_status
-from specdecode.control.perfmodel import OFF
+from specdecode.control.perfmodel import OFF, Schedule, ScheduleError
 from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
 
 
@@ -76,6 +76,28 @@ class ControlState:
     experiments: tuple[Experiment, ...] = ()
     """status.experiments, oldest first: the recent canary experiments; the last one runs
     while it has no end (`experiment`)."""
+
+    schedule: Schedule | None = None
+    """status.speculation.schedule: the per-batch-size K schedule in effect (``k`` is its
+    largest K); None: plain K (`control.schedules`)."""
+    schedule_replaced_k: int | None = None
+    """The plain K the schedule replaced (a revert returns to it)."""
+    schedule_step_scale: float | None = None
+    """Measured/prior step time of that plain K when the schedule replaced it."""
+    schedule_overhead_s: float | None = None
+    """status.observations.scheduleOverheadSeconds: the per-step schedule cost calibrated
+    after a schedule rollout (None: the prior's)."""
+    rejected_schedules: frozenset[str] = frozenset()
+    """status.rejectedSchedules of the current declaration: never chosen again."""
+    schedule_note: str | None = None
+    """status.speculation.scheduleReason: why no schedule runs, or why this one was chosen."""
+    batch_low: float | None = None
+    """status.observations.recentLowRunningRequests: the smallest mean running batch of a
+    replica seen lately (a new low at once, forgotten over hours): the bottom of the batch
+    range a schedule must serve."""
+    batch_high: float | None = None
+    """status.observations.recentPeakRunningRequests: the largest running batch of a replica
+    seen lately (a new peak at once, forgotten over hours): the top of that range."""
 
     @property
     def experiment(self) -> Experiment | None:
@@ -132,7 +154,29 @@ def choose(
             return choice, Cause.BOUNDS, f"speculation may not be turned off (allowDisable: false): K={moved}"
         return choice, Cause.BOUNDS, f"K {k} moved into the new bounds [{s.min_k}, {s.max_k}]"
     default = "chosen by the operator" if earlier.enabled else "turned off by the operator"
+    schedule = schedule_of(earlier, spec) if earlier.enabled else None
+    if schedule is not None:
+        choice = SpeculationChoice(k=moved or None, per_batch_size=schedule.rows())
     return choice, cause_of(earlier), earlier.reason or default
+
+
+def schedule_of(
+    effective: Optional[api.EffectiveSpeculation], spec: api.SpecDecodeServiceSpec
+) -> Schedule | None:
+    """The operator's schedule in status.speculation, while the spec still lets it run
+    (autotune.schedules Auto, no declared perBatchSizeK, K within the schedule's)."""
+    if effective is None or not effective.schedule or not effective.enabled:
+        return None
+    if spec.autotune.schedules != api.ScheduleMode.AUTO or spec.speculation.per_batch_size_k:
+        return None
+    try:
+        schedule = Schedule.from_label(effective.schedule, spec.engine.max_num_seqs or 1024)
+    except ScheduleError:
+        return None
+    s = spec.speculation
+    if effective.k != schedule.max_k or not s.min_k <= schedule.max_k <= s.max_k:
+        return None
+    return schedule
 
 
 def cause_of(effective: Optional[api.EffectiveSpeculation]) -> Cause:
@@ -211,7 +255,21 @@ def from_status(
         measured_at is not None and since is not None and measured_at <= since
     ):
         last_alpha = earlier.alpha if earlier.alpha is not None else earlier.last_alpha
+    spec_hash = declared_speculation_hash(spec)
+    schedule_memory = dict(
+        schedule=schedule_of(effective, spec),
+        schedule_replaced_k=effective.schedule_replaced_k,
+        schedule_step_scale=effective.schedule_step_scale,
+        schedule_overhead_s=earlier.schedule_overhead_seconds if earlier else None,
+        rejected_schedules=frozenset(
+            r.schedule for r in status.rejected_schedules if r.spec_hash in (None, spec_hash)
+        ),
+        schedule_note=effective.schedule_reason,
+        batch_low=earlier.recent_low_running_requests if earlier else None,
+        batch_high=earlier.recent_peak_running_requests if earlier else None,
+    )
     return ControlState(
+        **schedule_memory,
         enabled=effective.enabled,
         k=effective.k if effective.enabled else None,
         since=now.timestamp() if since is None else since,
@@ -240,11 +298,13 @@ def to_status(
     acceptance memory. ``observation`` is the window's `Observation.to_status()` when this
     evaluation measured one (status.observations is replaced by it)."""
     effective = status.speculation
+    label = state.schedule.label if state.schedule is not None else None
     same = (
         effective is not None
         and effective.enabled == state.enabled
         and (effective.k if effective.enabled else None) == state.k
         and timestamps.epoch_seconds_or_none(effective.since) == state.since
+        and effective.schedule == label
     )
     if not same:
         effective = api.EffectiveSpeculation(
@@ -257,13 +317,26 @@ def to_status(
             live=False,
             spec_hash=declared_speculation_hash(spec),
         )
+    effective = effective.model_copy(update={
+        "schedule": label,
+        "schedule_reason": None if state.schedule_note is None else state.schedule_note[:512],
+        "schedule_replaced_k": state.schedule_replaced_k if label else None,
+        "schedule_step_scale": (
+            None if not label or state.schedule_step_scale is None else round(state.schedule_step_scale, 4)
+        ),
+    })
     observations = status.observations
     if observation is not None:
         observations = api.Observations.model_validate(
             {**observation,
              "observedAt": None if state.observed_at is None else timestamps.rfc3339(state.observed_at),
              "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4),
-             "lastAlpha": None if state.last_alpha is None else round(state.last_alpha, 4)}
+             "lastAlpha": None if state.last_alpha is None else round(state.last_alpha, 4),
+             "scheduleOverheadSeconds": (
+                 None if state.schedule_overhead_s is None else round(state.schedule_overhead_s, 6)
+             ),
+             "recentLowRunningRequests": None if state.batch_low is None else round(state.batch_low, 2),
+             "recentPeakRunningRequests": None if state.batch_high is None else round(state.batch_high, 2)}
         )
     history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]
     if [r.to_wire() for r in history] == [r.to_wire() for r in status.history]:
@@ -271,6 +344,15 @@ def to_status(
     experiments = [e.to_record() for e in state.experiments[-constants.MAX_EXPERIMENTS:]]
     if [r.to_wire() for r in experiments] == [r.to_wire() for r in status.experiments]:
         experiments = list(status.experiments)
-    return status.model_copy(update={"speculation": effective, "observations": observations, "history": history,
-                                     "experiments": experiments})
+    rejected = list(status.rejected_schedules)
+    known = {r.schedule for r in rejected}
+    for schedule in sorted(state.rejected_schedules - known):
+        rejected.append(api.RejectedSchedule(
+            schedule=schedule, reason=reason[:1024], spec_hash=declared_speculation_hash(spec),
+            at=timestamps.rfc3339(state.since),
+        ))
+    return status.model_copy(update={
+        "speculation": effective, "observations": observations, "history": history,
+        "experiments": experiments, "rejected_schedules": rejected[-8:],
+    })
 

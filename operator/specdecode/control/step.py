@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from specdecode import constants
 from specdecode.control.canary import run as run_experiments, serving_settings
+from specdecode.control import schedules
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import history_entry, recent_low_alpha, stored
@@ -25,14 +26,17 @@ def step(
     settings: PolicySettings, state: ControlState, observed: PolicyObservations, now: float,
     canary: Observation | None = None,
 ) -> tuple[Decision, ControlState]:
-    """The decision on ``observed`` and the state after it (`advance`): the rules decide, then
-    canary experiments have their say (`canary.run`: a predicted move may start an
-    experiment instead; a running one is measured on ``canary``, the canary's observation,
-    against ``observed``, and may be promoted, aborted or cancelled)."""
+    """The decision on ``observed`` and the state after it (`advance`): the rules decide,
+    per-batch-size K schedules are considered (`schedules.consider`), then canary experiments
+    have their say (`canary.run`: a predicted move may start an experiment instead; a running
+    one is measured on ``canary``, the canary's observation, against ``observed``, and may be
+    promoted, aborted or cancelled). Schedule moves are not canaried yet: they apply at once."""
     decision = decide(serving_settings(settings, state), state, observed, state.history, now)
-    decision, state = run_experiments(settings, state, decision, observed, canary, now)
+    decision, update = schedules.consider(settings, state, observed, decision, now)
+    decision, measured = run_experiments(settings, state, decision, observed, canary, now)
     window = observed.window if observed.available else None
-    return decision, advance(state, decision, window, settings.min_drafts, now)
+    after = advance(measured, decision, window, settings.min_drafts, now)
+    return decision, schedules.advance(after, state, decision, update)
 
 
 def advance(

@@ -36,6 +36,9 @@ class SpeculationChoice:
     """What the operator runs: K speculative tokens, or speculation off (k is None)."""
 
     k: Optional[int]
+    per_batch_size: Optional[tuple[tuple[int, int, int], ...]] = None
+    """The operator's per-batch-size K table (`control.schedules`); a declared
+    speculation.perBatchSizeK takes precedence."""
 
     @property
     def enabled(self) -> bool:
@@ -122,6 +125,8 @@ def speculative_config(spec: api.SpecDecodeServiceSpec, choice: SpeculationChoic
         # vLLM caps a row's K at num_speculative_tokens; render the cap so status and args agree.
         rows = sorted(s.per_batch_size_k, key=lambda r: r.min_batch_size)
         table = tuple((r.min_batch_size, r.max_batch_size, min(r.k, k)) for r in rows)
+    elif choice.per_batch_size:
+        table = tuple((start, end, min(row_k, k)) for start, end, row_k in choice.per_batch_size)
     return vllm.SpeculativeConfig(
         method=s.method.value,
         num_speculative_tokens=k,

@@ -382,10 +382,10 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         "schedules included",
         caption="oracle: K only; oracle+sched: may also run the scenario's schedule family "
         "(proposed by perfmodel.propose_schedule from the truth); best sched: the family's "
-        "best schedule chosen once. The policy does not choose schedules yet. restarts: "
-        "policy/oracle/oracle+sched.",
+        "best schedule chosen once. policy: autotune.schedules Off; policy+sched: Auto. "
+        "restarts: policy/policy+sched/oracle/oracle+sched.",
     )
-    for column in ("scenario", "policy", "oracle", "oracle+sched", "best static", "best sched",
+    for column in ("scenario", "policy", "policy+sched", "oracle", "oracle+sched", "best static", "best sched",
                    "restarts", "oracle+sched plan"):
         table.add_column(column, justify="left" if column in ("scenario", "oracle+sched plan") else "right",
                          no_wrap=column != "oracle+sched plan")
@@ -400,17 +400,33 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         restarts = row["restarts"]
         plan = row["oracle_schedules_plan"]
         table.add_row(
-            r.name, f"{row['policy']:.3f}", f"{row['oracle']:.3f}", f"{row['oracle_schedules']:.3f}",
+            r.name, f"{row['policy']:.3f}", f"{row.get('policy_schedules', math.nan):.3f}",
+            f"{row['oracle']:.3f}", f"{row['oracle_schedules']:.3f}",
             f"{row['best_static_score']:.3f} {row['best_static']}", sched,
-            f"{restarts['policy']}/{restarts['oracle']}/{restarts['oracle_schedules']}",
+            f"{restarts['policy']}/{restarts.get('policy_schedules')}/{restarts['oracle']}/"
+            f"{restarts['oracle_schedules']}",
             _runs(plan) if any(c.startswith("sched[") for c in plan) else "(no schedule)",
         )
     means = view["mean"]
     table.add_row(
-        "[bold]mean[/bold]", f"{means['policy']:.3f}", f"{means['oracle']:.3f}",
-        f"{means['oracle_schedules']:.3f}", f"{means['best_static_score']:.3f}", "", "", "",
+        "[bold]mean[/bold]", f"{means['policy']:.3f}", f"{means.get('policy_schedules', math.nan):.3f}",
+        f"{means['oracle']:.3f}", f"{means['oracle_schedules']:.3f}", f"{means['best_static_score']:.3f}",
+        "", "", "",
     )
     console.print(table)
+    if view.get("best_single_static"):
+        console.print(
+            f"  margin over the best single static choice ({view['best_single_static']}, "
+            f"{view['best_single_static_mean']:.3f}): policy "
+            f"{view['policy_margin_over_best_single_static']:+.3f}, policy+sched "
+            f"{view['policy_schedules_margin_over_best_single_static']:+.3f} (target +0.04)"
+        )
+    for name, swing in view.get("load_swing", {}).items():
+        console.print(
+            f"  load swing {name}: policy+sched {swing['policy_schedules']:.3f} vs oracle+sched "
+            f"{swing['oracle_schedules']:.3f} ({swing['gap']:+.3f}, target >= -0.02), restarts "
+            f"{swing['restarts']} vs {swing['oracle_restarts']}: {'met' if swing['met'] else 'missed'}"
+        )
     console.print(
         f"  schedules: the oracle gains {view['oracle_schedules_gain']:+.3f} mean score with them "
         f"({view['scenarios_with_a_family']} scenarios have a family; the oracle runs a schedule "

@@ -56,6 +56,8 @@ POLICY = "policy"
 ORACLE = "oracle"
 ORACLE_SCHEDULES = "oracle+sched"
 """The oracle that may also choose the scenario's schedule family (`engine.schedule_family`)."""
+POLICY_SCHEDULES = "policy+sched"
+"""The policy with ``autotune.schedules: Auto`` (it may choose per-batch-size K schedules)."""
 SCRAPE_INTERVAL_S = 15.0
 DECLARED_K = 3
 """The K a service declares when its scenario does not bound it away: every strategy starts
@@ -82,10 +84,12 @@ RESTART_S = 180.0
 
 def service_spec(
     scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
+    schedules: bool | None = None,
 ) -> api.SpecDecodeServiceSpec:
     """The scenario's service as a user would declare it: the API's defaults, the scenario's
     method, K bounds, replicas and SLO, K = 3 declared within the bounds; canary experiments
-    as the API defaults them (on) or turned off (`autotune.experiments.enabled`)."""
+    as the API defaults them (on) or turned off (`autotune.experiments.enabled`); ``schedules``
+    sets autotune.schedules (None: the API's default)."""
     params = scenario.params
     speculation: dict[str, Any] = {
         "method": scenario.method, "numSpeculativeTokens": declared_config(params),
@@ -100,6 +104,8 @@ def service_spec(
     autotune["experiments"] = {**autotune.get("experiments", {}), "enabled": experiments}
     if slo:
         autotune["slo"] = slo
+    if schedules is not None:
+        autotune["schedules"] = "Auto" if schedules else "Off"
     return api.parse_spec({
         "model": {"name": "bench/target"},
         "speculation": speculation,
@@ -111,9 +117,12 @@ def service_spec(
 
 def policy_settings(
     scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
+    schedules: bool | None = None,
 ) -> PolicySettings:
     """The production settings of the scenario's service (`PolicySettings.from_spec`)."""
-    return PolicySettings.from_spec(service_spec(scenario, scrape_interval_s, experiments), restart_s=RESTART_S)
+    return PolicySettings.from_spec(
+        service_spec(scenario, scrape_interval_s, experiments, schedules), restart_s=RESTART_S
+    )
 
 
 # --- the policy in simulated time ------------------------------------------------------------
@@ -124,8 +133,8 @@ class Change:
     """One applied decision of the policy."""
 
     time: float
-    from_config: int
-    to_config: int
+    from_config: perfmodel.Config
+    to_config: perfmodel.Config
     rule: dec.Rule
     reason: str
 
@@ -191,7 +200,7 @@ def _align(t: float, step: float) -> float:
     return math.ceil(t / step - 1e-9) * step
 
 
-def _rendered(status: api.SpecDecodeServiceStatus, config: int, live_at: float | None = None,
+def _rendered(status: api.SpecDecodeServiceStatus, config: perfmodel.Config, live_at: float | None = None,
               ready: int | None = None) -> api.SpecDecodeServiceStatus:
     """What the reconcile writes: right after a change the new config's hash (the evaluator
     reconciles at once), and once every replica runs it, live since then."""
@@ -215,8 +224,8 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
     the step judges. A verdict deletes the canary: a promotion is the step's change (a
     normal rollout), any other end gives the main Deployment its replicas back (their
     start-up again)."""
-    spec = service_spec(scenario, experiments=experiments)
     settings = settings or policy_settings(scenario, experiments=experiments)
+    spec = service_spec(scenario, experiments=experiments, schedules=settings.schedules)
     params = scenario.params
     replicas = params.replicas
     scrape = settings.scrape_interval_s
@@ -229,7 +238,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
         telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
         scenario.noise.request_acceptance_sd,
     )
-    config = settings.configured_k
+    config: perfmodel.Config = settings.configured_k
     for slot in range(replicas):
         fleet.start(slot, config)
     status = _rendered(
@@ -318,7 +327,7 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
             canary = None
 
         if result.rerender:
-            old, new = config, decision.config
+            old, new = config, (decision.schedule if decision.schedule is not None else decision.config)
             run.changes.append(Change(t, old, new, decision.rule, decision.reason))
             run.schedule.extend(engine.rollout(t, old, new, replicas, rollout_s))
             # Slots the canary borrowed start first (the Deployment is short of them), then
@@ -504,7 +513,7 @@ EXPERIMENT_MODES = {"on": (True,), "off": (False,), "compare": (True, False)}
 def run_variant(
     scenario: Scenario, measure: "Yardstick", experiments: bool,
 ) -> tuple[PolicyVariant, PolicyRun, list[engine.Segment], PolicySettings]:
-    settings = policy_settings(scenario, experiments=experiments)
+    settings = policy_settings(scenario, experiments=experiments, schedules=False)
     run = run_policy(scenario, settings, experiments=experiments)
     segments = engine.evaluate_schedule(scenario, measure.evaluator, run.schedule)
     raw = figures(segments, len(run.changes))
@@ -783,12 +792,16 @@ def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
 def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
     """Every strategy scored against the best goodput and the best latency among the oracle
     and every static choice (the policy's own figures never set a denominator)."""
-    best = engine.best_axes(f.axes for name, f in raw.items() if name != POLICY)
+    best = engine.best_axes(f.axes for name, f in raw.items() if name not in (POLICY, POLICY_SCHEDULES))
     return {name: f.with_ratios(best) for name, f in raw.items()}
 
 
-def _schedule_view(measure: Yardstick, policy_figures: Figures) -> ScheduleView:
+def _schedule_view(
+    measure: Yardstick, policy_figures: Figures, scheduled_figures: Figures | None = None
+) -> ScheduleView:
     raw = {POLICY: policy_figures, **measure.figures(), **measure.schedule_figures()}
+    if scheduled_figures is not None:
+        raw[POLICY_SCHEDULES] = scheduled_figures
     strategies = scored(raw)
     names = [strategy_name(s) for s in measure.family]
     best = max(names, key=lambda n: (strategies[n].score, -names.index(n))) if names else ""
@@ -821,6 +834,16 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
         if primary is None:
             primary = (variant_run, variant_segments, variant_settings)
     run, policy_segments, settings = primary
+    scheduled_figures = None
+    if schedules:
+        # The policy again with autotune.schedules Auto (and the primary variant's experiments).
+        with_experiments = EXPERIMENT_MODES[experiments][0]
+        scheduled = run_policy(
+            scenario, policy_settings(scenario, experiments=with_experiments, schedules=True), experiments=with_experiments
+        )
+        scheduled_figures = figures(
+            engine.evaluate_schedule(scenario, evaluator, scheduled.schedule), len(scheduled.changes)
+        )
 
     policy_figures = figures(policy_segments, len(run.changes))
     strategies = scored({POLICY: policy_figures, **measure.figures()})
@@ -858,6 +881,6 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
         best_static=best_static,
         day_long_stationary=is_day_long_stationary(scenario),
         held_back=scenario.held_back,
-        schedules=_schedule_view(measure, policy_figures) if schedules else None,
+        schedules=_schedule_view(measure, policy_figures, scheduled_figures) if schedules else None,
         variants=variants,
     )

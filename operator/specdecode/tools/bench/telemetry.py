@@ -21,7 +21,7 @@ from specdecode import constants
 from specdecode.metricnames import total
 from specdecode.control import metrics, promql
 from specdecode.control.metrics import ConfigKey, Observation, QueryScope, RawSeries
-from specdecode.control.perfmodel import EngineParams, Workload
+from specdecode.control.perfmodel import Config, EngineParams, Schedule, Workload
 from specdecode.tools.sim import engine as sim_engine
 from specdecode.tools.sim import exposition as x
 
@@ -30,8 +30,10 @@ MODEL_NAME = "model"
 RULES = promql.PROMETHEUS_3
 
 
-def config_hash(config: int) -> str:
+def config_hash(config: Config) -> str:
     """The config-hash label of a config (stands for the hash of the rendered engine)."""
+    if isinstance(config, Schedule):
+        return "s" + "_".join(f"{start}-{k}" for start, _, k in config.bands)
     return "off" if config == 0 else f"k{config}"
 
 
@@ -78,7 +80,7 @@ def _observe_many(histogram: x.Histogram, values: np.ndarray) -> None:
 @dataclass
 class _Pod:
     name: str
-    config: int
+    config: Config
     engine: sim_engine.PodEngine
     label: str
     """Its config-hash label (a canary's pods carry the experiment's candidate hash)."""
@@ -105,15 +107,20 @@ class Fleet:
 
     # --- pods ------------------------------------------------------------------------------
 
-    def start(self, slot: int, config: int, label: str | None = None) -> None:
-        """A new pod in ``slot`` running ``config`` becomes Ready (counters from zero),
-        labelled ``label`` (default: the config's own hash)."""
+    def start(self, slot: int, config: Config, label: str | None = None) -> None:
+        """A new pod in ``slot`` running ``config`` (K, off or a per-batch-size schedule)
+        becomes Ready (counters from zero), labelled ``label`` (default: the config's own hash)."""
         self._generation += 1
         label = label or config_hash(config)
         name = f"{self.service}-{label}-{self._generation}"
-        engine_config = sim_engine.EngineConfig(
-            MODEL_NAME, self.method if config else None, config
-        )
+        if isinstance(config, Schedule):
+            engine_config = sim_engine.EngineConfig(
+                MODEL_NAME, self.method, config.max_k, per_batch_size=config.rows()
+            )
+        else:
+            engine_config = sim_engine.EngineConfig(
+                MODEL_NAME, self.method if config else None, config
+            )
         rng = np.random.default_rng([self.seed, slot, self._generation])
         engine = BenchPodEngine(engine_config, self.params, rng)
         engine.request_acceptance_sd = self.request_acceptance_sd
@@ -224,7 +231,7 @@ def _samples(m: x.PodMetrics) -> list[tuple[str, tuple, float]]:
 
 
 def current_observation(
-    observations: dict[ConfigKey, Observation], service: str, config: int
+    observations: dict[ConfigKey, Observation], service: str, config: Config
 ) -> Observation | None:
     return observations.get(ConfigKey(NAMESPACE, service, config_hash(config)))
 

@@ -1,0 +1,550 @@
+"""Per-batch-size K schedules as a choice of the control step (pure).
+
+vLLM (0.24 and later) takes ``num_speculative_tokens_per_batch_size``: ranges of the running
+batch size, each with its K (0 = no drafting there), so the engine follows load step by step
+without a restart. This module is the policy's part of it, run by `control.step` after the
+rules (`rules.decide`) have decided:
+
+1. No schedule in effect (plain K, speculation on, its window complete): propose a
+   few-band schedule (`perfmodel.propose_schedule`) from the calibrated step model, the
+   per-position acceptance (capped by the recent low, so a burst of easy text does not lure
+   the top range's K up) and the running batches the service sees: the window's mean and
+   peak (`vllm:num_requests_running`, mean and ``max_over_time``) and the range of batches
+   of the last hours (`batch_memory`). Adopt it
+   - when the rules settled on the plain K and the schedule saves at least ``ADOPT_GAIN``
+     of the time per token at those batches (rare: per step, neighbouring Ks differ little);
+   - or instead of a load-driven move the rules decided (tuning, hedge: a lower K or off as
+     the load rises), when the schedule is predicted within ``ADOPT_MAX_LOSS`` of that move's
+     mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
+     token at the low end of the batch range: the same restart now, and none when the load
+     comes back (the plain policy would restart again).
+   Adopting restarts the pods once, under the rules' cooldown and change budget.
+2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
+   hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
+   hard rule) and the bounds still act, and leave the schedule for plain K. For
+   ``CHECK_EVALUATIONS`` evaluations from the first full window after its warm-up, the
+   rollout is checked: the measured engine time per output token against the plain K it
+   replaced, predicted at the same load (at the batch that K would hold) with that K's
+   calibration. Clearly worse (``REVERT_MARGIN``) -> back to that K, and the schedule is
+   remembered as rejected for this declaration. Every full window also calibrates the
+   schedule's per-step overhead from the measured step time (kept in status for later
+   proposals).
+3. Re-render only when the acceptance regime changed enough: a new proposal must save
+   ``REPLACE_GAIN`` of the time per token over the whole batch range (a fixed grid, the same
+   whatever the load), so load swings alone never restart.
+
+Where the vLLM version or the method drops tables (`render.features`), or the user declared
+a table, nothing is chosen and `ScheduleUpdate.note` says why (status.speculation.scheduleReason).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from specdecode.api import AutotuneMode
+from specdecode.control import perfmodel
+from specdecode.control.decision import FLOOR_RULES, Action, Decision, Held, Rule
+from specdecode.control.estimates import Estimate, estimate, scaled_params, step_scale, workload_of
+from specdecode.control.memory import remember
+from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF, EngineParams, Schedule
+from specdecode.control.settings import PolicySettings
+from specdecode.control.state import ControlState
+
+ADOPT_GAIN = 0.03
+"""A schedule must save at least 3 % of the time per token against the plain K, at the batches
+the service runs, to be worth the restart that adopts it."""
+ADOPT_MAX_LOSS = 0.02
+"""... and lose no more than 2 % of predicted mean e2e latency at today's load and at a surge."""
+SURGE = 1.3
+"""The surge a schedule must not lose at: today's request rate times this."""
+REPLACE_GAIN = 0.08
+"""A running schedule is replaced only for a new one 8 % cheaper per token over the whole
+batch range (a change of acceptance, not of load)."""
+REVERT_MARGIN = 0.08
+"""A schedule whose measured time per token is this much above the plain K it replaced
+(predicted at the same batch) is reverted."""
+CHECK_EVALUATIONS = 5
+"""Evaluations after a schedule's first full window during which it may be reverted."""
+PEAK_WEIGHT = 0.25
+"""Share of the time the window's peak batch stands for in the proposal (the rest: the mean)."""
+OVERHEAD_BOUNDS = (0.0, 0.05)
+"""Clamp of the calibrated per-step schedule overhead, seconds."""
+KEPT_RULES = FLOOR_RULES | {Rule.BOUNDS, Rule.MODE_OFF, Rule.SCHEDULE, Rule.SCHEDULE_REVERT}
+"""Rules that still change a config under a schedule: the floor and collapse (acceptance, the
+user's hard rule) and the bounds. The others react to load, which the schedule follows."""
+SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE})
+"""Rules whose hold means "the plain K is right": a schedule may then be proposed."""
+LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE})
+"""Rules whose change follows the load: a schedule may be adopted instead."""
+BATCH_MEMORY_S = 6 * 3600.0
+"""Time constant of the batch range memory: a load swing of a day's peak is remembered
+through the hours until it comes back."""
+GRID = tuple(2 ** i for i in range(11))
+"""The whole batch range (1..1024, factor 2), equal weights: what a replacement is judged on."""
+
+
+@dataclass(frozen=True)
+class ScheduleUpdate:
+    """What this evaluation adds to the state besides the decision."""
+
+    note: str | None = None
+    """status.speculation.scheduleReason."""
+    overhead_s: float | None = None
+    """A new calibration of the per-step schedule overhead (None: keep the stored one)."""
+    rejected: str | None = None
+    """A schedule reverted by this decision (its label)."""
+    replaced_k: int | None = None
+    """The plain K an adopted schedule replaces."""
+    replaced_scale: float | None = None
+    """That K's measured/prior step time."""
+    batches: tuple[float, float] | None = None
+    """(mean, peak) running batch of a replica in this evaluation's long window."""
+    at: float = 0.0
+    """When (for the batch memory's forgetting)."""
+
+
+def batch_memory(before: ControlState, batches: tuple[float, float], now: float) -> tuple[float, float]:
+    """The batch range seen lately: a new low or peak at once, a return only gradually (each
+    evaluation closes the gap to the present by elapsed / ``BATCH_MEMORY_S``)."""
+    mean, peak = batches
+    fraction = 1.0
+    if before.observed_at is not None:
+        fraction = min(1.0, max(0.0, now - before.observed_at) / BATCH_MEMORY_S)
+    low = mean if before.batch_low is None else min(mean, before.batch_low + (mean - before.batch_low) * fraction)
+    high = peak if before.batch_high is None else max(peak, before.batch_high + (peak - before.batch_high) * fraction)
+    return low, high
+
+
+def unsupported_reason(spec: Any) -> str | None:
+    """Why this service cannot run a schedule the operator chooses (None: it can)."""
+    from specdecode.render import features, vllm_args
+
+    s, engine = spec.speculation, spec.engine
+    if s.per_batch_size_k:
+        return "speculation.perBatchSizeK is declared: the user's fixed table runs as declared"
+    version = engine.version
+    if vllm_args.release(version) is not None and not features.supports(features.PER_BATCH_SIZE_K_TABLE, version):
+        return (f"vLLM {version} has no num_speculative_tokens_per_batch_size (from "
+                f"{features.PER_BATCH_SIZE_K_TABLE.first_version}): plain K")
+    method = s.method.value if hasattr(s.method, "value") else str(s.method)
+    if vllm_args.release(version) is not None:
+        dropped = features.per_batch_size_table_dropped(
+            method, version, vllm_args.data_parallel_size(engine.extra_args)
+        )
+        if dropped:
+            return f"a per-batch-size K table would be ignored ({dropped}): plain K"
+    return None
+
+
+def consider(
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float
+) -> tuple[Decision, ScheduleUpdate]:
+    """The rules' ``decision`` with schedules taken into account, and the schedule memory."""
+    if not settings.schedules:
+        return decision, ScheduleUpdate()
+    if settings.schedules_unsupported:
+        return decision, ScheduleUpdate(note=settings.schedules_unsupported)
+    if settings.mode is not AutotuneMode.AUTO:
+        return decision, ScheduleUpdate(note=f"autotune mode {settings.mode.value}: schedules are chosen in Auto mode")
+    if state.schedule is not None:
+        decision, update = _under_schedule(settings, state, observed, decision, now)
+    else:
+        decision, update = _maybe_adopt(settings, state, observed, decision, now)
+    return decision, replace(update, batches=_batches_now(observed), at=now)
+
+
+def _batches_now(observed: Any) -> tuple[float, float] | None:
+    """(mean, peak) running batch of a replica on the long window (None: not measured)."""
+    if not getattr(observed, "available", False) or observed.window is None:
+        return None
+    obs: Observation = observed.window
+    mean = obs.batch_per_pod
+    if mean is None or obs.idle:
+        return None
+    peak = obs.peak_running if obs.peak_running is not None else mean
+    return mean, max(mean, peak)
+
+
+def advance(after: ControlState, before: ControlState, decision: Decision, update: ScheduleUpdate) -> ControlState:
+    """The schedule fields of the state after ``decision`` (`step.advance` did the rest)."""
+    new = after
+    if decision.applied and decision.changes:
+        schedule = decision.schedule
+        new = replace(
+            new,
+            schedule=schedule,
+            schedule_replaced_k=(update.replaced_k if schedule is not None and before.schedule is None
+                                 else before.schedule_replaced_k if schedule is not None else None),
+            schedule_step_scale=(update.replaced_scale if schedule is not None and before.schedule is None
+                                 else before.schedule_step_scale if schedule is not None else None),
+        )
+    if update.overhead_s is not None:
+        new = replace(new, schedule_overhead_s=update.overhead_s)
+    if update.batches is not None:
+        low, high = batch_memory(before, update.batches, update.at)
+        new = replace(new, batch_low=low, batch_high=high)
+    if update.rejected is not None:
+        new = replace(new, rejected_schedules=new.rejected_schedules | {update.rejected})
+    note = update.note
+    if note is None and new.schedule is not None:
+        note = before.schedule_note if before.schedule is not None else None
+    return replace(new, schedule_note=note)
+
+
+# --- no schedule yet ---------------------------------------------------------------------------
+
+
+def _maybe_adopt(
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float
+) -> tuple[Decision, ScheduleUpdate]:
+    if not state.enabled or state.k is None or not _window_complete(settings, state, now):
+        return decision, ScheduleUpdate()
+    instead = decision.changes and decision.applied and decision.rule in LOAD_RULES
+    if decision.changes and not instead:
+        return decision, ScheduleUpdate()
+    if not decision.changes:
+        if decision.rule not in SETTLED_RULES or not _restart_allowed(settings, state, now):
+            return decision, ScheduleUpdate()
+    model = _model(settings, state, observed)
+    if model is None:
+        return decision, ScheduleUpdate()
+    params, est, acceptance, batches = model
+    context = est.prompt_tokens + est.output_tokens / 2.0
+    prefill = _prefill(est, params)
+    target = decision.config if instead else state.k
+    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    candidates = []
+    for family in (ks, tuple(sorted({target, state.k}))):
+        if not any(k > 0 for k in family):
+            continue
+        try:
+            proposal = perfmodel.propose_schedule(
+                params, acceptance, batches, context, family,
+                prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+            )
+        except perfmodel.ScheduleError:
+            continue
+        label = proposal.schedule.label
+        if (len(proposal.schedule.bands) >= 2 and label not in state.rejected_schedules
+                and all(c.schedule.label != label for c in candidates)):
+            candidates.append(proposal)
+    if not candidates:
+        return decision, ScheduleUpdate(note="no schedule pays: one K fits every batch seen")
+    low = min(b for b, _ in batches)
+    # Every check must hold at today's acceptance and at its recent low (the proposal's):
+    # a schedule that only pays while acceptance is low (a burst of hard text) is not one to
+    # restart for, nor one that only pays while it is high.
+    futures = (acceptance, _positions(est.alpha, params.acceptance_decay, settings.max_k))
+    alphas = (acceptance[0], est.alpha)
+
+    def worst_loss(config: perfmodel.Config, reference: int, at: Sequence[tuple[float, float]]) -> float:
+        out = -math.inf
+        for positions in futures:
+            ref = _per_token(params, reference, at, context, positions, prefill)
+            cost = _per_token(params, config, at, context, positions, prefill)
+            out = max(out, cost / ref - 1.0 if ref > 0 else math.inf)
+        return out
+
+    def worst_e2e(schedule: Schedule, reference: int, *factors: float) -> float | None:
+        losses = [_e2e_loss(params, est, schedule, reference, *factors, alpha=a) for a in alphas]
+        return None if any(x is None for x in losses) else max(losses)
+
+    notes = []
+    for proposal in candidates:
+        schedule = proposal.schedule
+        if instead:
+            loss = worst_e2e(schedule, target)
+            low_loss = worst_loss(schedule, state.k, [(low, 1.0)])
+            if loss is None or loss > ADOPT_MAX_LOSS or low_loss > ADOPT_MAX_LOSS:
+                notes.append(f"{schedule.label}: {_pct(loss)} e2e against {_label(target)} now, "
+                             f"{_pct(low_loss)} per token against K={state.k} at batch {low:.0f}")
+                continue
+            reason = (
+                f"instead of {_label(target)} ({decision.rule.value}: {decision.reason})"[:400]
+                + f"; per-batch-size schedule {schedule.label} is predicted within "
+                f"{ADOPT_MAX_LOSS:.0%} of it now ({_pct(loss)} e2e) and of K={state.k} at batch "
+                f"{low:.0f} ({_pct(low_loss)} per token): the same restart now, none when the load returns"
+            )
+        else:
+            gain = -worst_loss(schedule, state.k, batches)
+            loss = worst_e2e(schedule, state.k, SURGE)
+            if gain < ADOPT_GAIN or loss is None or loss > ADOPT_MAX_LOSS:
+                notes.append(f"{schedule.label}: {gain:.1%} per token saved against K={state.k} "
+                             f"(needs {ADOPT_GAIN:.0%}), {_pct(loss)} e2e")
+                continue
+            reason = (
+                f"per-batch-size schedule {schedule.label} saves {gain:.1%} per token against "
+                f"K={state.k} at the batches seen ({_batches_text(batches)}); crossovers "
+                f"{_crossovers(proposal)}; load swings then need no restart"
+            )
+        adopted = replace(
+            decision, action=Action.SET_K, enabled=True, k=schedule.max_k, reason=reason[:1024],
+            rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=schedule,
+            step_scale=_clamped_scale(settings, state.k, est),
+        )
+        return adopted, ScheduleUpdate(
+            note=f"chosen from batches {_batches_text(batches)}",
+            replaced_k=state.k, replaced_scale=_clamped_scale(settings, state.k, est),
+        )
+    return decision, ScheduleUpdate(note=("plain K: " + "; ".join(notes))[:512])
+
+
+def _restart_allowed(settings: PolicySettings, state: ControlState, now: float) -> bool:
+    """The cooldown and the change budget (less the slot kept for fallbacks) allow a restart."""
+    memory = remember(state.history, state, now)
+    if memory.last_change_at is not None and now < memory.last_change_at + settings.cooldown_s:
+        return False
+    budget = settings.max_changes_per_hour
+    if budget > 1:
+        budget -= settings.tuning.reserved_guard_changes
+    return memory.changes_last_hour < budget
+
+
+def _label(config: int) -> str:
+    return "off" if config == OFF else f"K={config}"
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:+.1%}"
+
+
+def _batches_text(batches: Sequence[tuple[float, float]]) -> str:
+    return ", ".join(f"{b:.0f}" for b in sorted({round(b) for b, _ in batches}))
+
+
+# --- a schedule in effect ------------------------------------------------------------------------
+
+
+def _under_schedule(
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float
+) -> tuple[Decision, ScheduleUpdate]:
+    schedule = state.schedule
+    assert schedule is not None
+    if decision.changes and decision.rule in KEPT_RULES:
+        return decision, ScheduleUpdate(note=f"left for plain K: {decision.rule.value}")
+    if decision.changes:
+        decision = replace(
+            decision, action=Action.HOLD, enabled=True, k=state.k, applied=False,
+            held=Held.SETTLED, wanted=decision.rule, schedule=None,
+            reason=(f"schedule {schedule.label} in effect: it follows the load inside the engine; "
+                    f"{decision.rule.value} would restart the pods ({decision.reason})")[:1024],
+        )
+    if not _window_complete(settings, state, now):
+        return decision, ScheduleUpdate()
+    model = _model(settings, state, observed, scale=state.schedule_step_scale)
+    if model is None:
+        return decision, ScheduleUpdate()
+    params, est, acceptance, batches = model
+    obs: Observation = observed.window
+    measured = _measured_per_token(obs)
+    if measured is None:
+        return decision, ScheduleUpdate()
+    plain_k = state.schedule_replaced_k or schedule.max_k
+    # The plain K it replaced at today's load, at the batch it would run there (Little's
+    # law), against what the schedule measured.
+    workload = workload_of(est, est.alpha)
+    steady = perfmodel.steady_state(params, workload, plain_k)
+    best_k, best = plain_k, (math.inf if steady.saturated else steady.step_time_s / steady.tokens_per_step)
+    # The per-step overhead: what the schedule measured beyond the model's schedule without
+    # a schedule cost, per step at its tokens per step.
+    bare = perfmodel.steady_state(replace(params, schedule_overhead_s=0.0), workload, schedule)
+    overhead = None
+    if not bare.saturated:
+        extra = (measured - bare.step_time_s / bare.tokens_per_step) * bare.tokens_per_step
+        overhead = min(OVERHEAD_BOUNDS[1], max(OVERHEAD_BOUNDS[0], extra))
+    tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
+    if _checking(settings, state, now) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
+        over = measured / best - 1.0
+        reason = (
+            f"schedule {schedule.label} measured {measured * 1e3:.2f} ms per token at "
+            f"{est.request_rate:.1f} req/s{tpot}, {over:.0%} above {_label(best_k)} predicted at "
+            f"that load ({best * 1e3:.2f} ms; calibrated schedule overhead "
+            f"{0.0 if overhead is None else overhead * 1e3:.2f} ms per step): reverted to "
+            f"{_label(plain_k)} and not chosen again for this spec"
+        )
+        reverted = replace(
+            decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason,
+            rule=Rule.SCHEDULE_REVERT, applied=True, held=None, wanted=None, schedule=None,
+            step_scale=None,
+        )
+        return reverted, ScheduleUpdate(
+            note=f"reverted: {over:.0%} slower per token than {_label(best_k)}",
+            overhead_s=overhead, rejected=schedule.label,
+        )
+    replacement = _replacement(settings, state, params, est, acceptance, batches,
+                               overhead if overhead is not None else params.schedule_overhead_s, now)
+    if replacement is not None and not decision.changes:
+        new, saving = replacement
+        reason = (
+            f"acceptance changed: schedule {new.label} is {saving:.0%} cheaper per token than "
+            f"{schedule.label} over batches 1-1024"
+        )
+        return replace(
+            decision, action=Action.SET_K, enabled=True, k=new.max_k, reason=reason,
+            rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=new, step_scale=None,
+        ), ScheduleUpdate(overhead_s=overhead, note=f"replaced: acceptance changed ({saving:.0%})")
+    return decision, ScheduleUpdate(overhead_s=overhead)
+
+
+def _replacement(
+    settings: PolicySettings, state: ControlState, params: EngineParams, est: Estimate,
+    acceptance: Sequence[float], batches: Sequence[tuple[float, float]], overhead: float, now: float,
+) -> tuple[Schedule, float] | None:
+    """A new schedule when the acceptance regime changed enough, judged on the whole batch
+    range with equal weights (the same whatever the load)."""
+    schedule = state.schedule
+    assert schedule is not None
+    if est.draft_tokens < settings.min_drafts:
+        return None
+    memory = remember(state.history, state, now)
+    if memory.last_change_at is not None and now < memory.last_change_at + settings.cooldown_s:
+        return None
+    params = replace(params, schedule_overhead_s=overhead)
+    context = est.prompt_tokens + est.output_tokens / 2.0
+    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    try:
+        proposal = perfmodel.propose_schedule(
+            params, acceptance, batches, context, ks,
+            prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+        )
+    except perfmodel.ScheduleError:
+        return None
+    new = proposal.schedule
+    if len(new.bands) < 2 or new.label == schedule.label or new.label in state.rejected_schedules:
+        return None
+    grid = [(float(b), 1.0) for b in GRID if b <= params.max_num_seqs]
+    old_cost = _per_token(params, schedule, grid, context, acceptance)
+    new_cost = _per_token(params, new, grid, context, acceptance)
+    saving = 1.0 - new_cost / old_cost if old_cost > 0 else 0.0
+    return (new, saving) if saving >= REPLACE_GAIN else None
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def _checking(settings: PolicySettings, state: ControlState, now: float) -> bool:
+    """The after-rollout check: the first ``CHECK_EVALUATIONS`` evaluations after the
+    schedule's first full window. Later, a load the schedule meets is its job, not a reason
+    to restart (the floor and collapse still act)."""
+    if state.live_since is None:
+        return False
+    start = state.live_since + settings.warmup_s + settings.window_s
+    return start <= now < start + CHECK_EVALUATIONS * settings.evaluation_interval_s
+
+
+def _window_complete(settings: PolicySettings, state: ControlState, now: float) -> bool:
+    """The current config's first full window after its warm-up is over."""
+    return state.live_since is not None and now >= state.live_since + settings.warmup_s + settings.window_s
+
+
+def _clamped_scale(settings: PolicySettings, k: int, est: Estimate) -> float | None:
+    measured = step_scale(settings.prior_params(), k, est)
+    if measured is None:
+        return None
+    lo, hi = settings.tuning.scale_bounds
+    return min(hi, max(lo, measured))
+
+
+def _model(
+    settings: PolicySettings, state: ControlState, observed: Any, scale: float | None = None
+) -> tuple[EngineParams, Estimate, tuple[float, ...], list[tuple[float, float]]] | None:
+    """The calibrated step model, the estimate, the per-position acceptance and the batches
+    seen on the long window (None: not enough to go on). ``scale`` given: the plain K's
+    calibration (a schedule's own step time mixes Ks); else measured on the plain K running."""
+    if not getattr(observed, "available", False) or observed.window is None:
+        return None
+    obs: Observation = observed.window
+    if obs.idle or obs.speculation is None or obs.requests < settings.min_requests:
+        return None
+    est = estimate(obs, settings.tuning)
+    if est.alpha is None or est.batch_per_replica is None or est.batch_per_replica <= 0:
+        return None
+    if scale is None:
+        if est.draft_tokens < settings.min_drafts:
+            return None
+        scale = _clamped_scale(settings, state.k or 1, est)
+        if scale is None:
+            return None
+    prior = settings.prior_params()
+    if state.schedule_overhead_s is not None:
+        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
+    params = scaled_params(prior, scale, est.decay)
+    alpha = est.alpha
+    if state.recent_low_alpha is not None:
+        alpha = min(alpha, state.recent_low_alpha)
+    acceptance = _positions(alpha, params.acceptance_decay, settings.max_k)
+    mean = est.batch_per_replica
+    peak = obs.peak_running if obs.peak_running is not None and obs.peak_running > mean else mean
+    low = mean if state.batch_low is None else min(mean, state.batch_low)
+    high = peak if state.batch_high is None else max(peak, state.batch_high)
+    # Today's batches, and the range of the last hours at the same weight: a schedule is
+    # for the load that comes back, not only for the load of this window.
+    batches = [(mean, 0.5 - PEAK_WEIGHT / 2), (peak, PEAK_WEIGHT / 2), (low, 0.25), (high, 0.25)]
+    return params, est, acceptance, batches
+
+
+def _prefill(est: Estimate, params: EngineParams) -> float:
+    """Prompt tokens chunked into each step (as `estimates.step_scale` counts them)."""
+    if est.step_time_s is None:
+        return 0.0
+    return est.request_rate / max(1, params.replicas) * est.prompt_tokens * est.step_time_s
+
+
+def _positions(alpha: float, decay: float, max_k: int) -> tuple[float, ...]:
+    """Per-position conditional acceptance from the fitted alpha and decay."""
+    return tuple(min(1.0, alpha * decay ** i) for i in range(max(1, max_k)))
+
+
+def _per_token(
+    params: EngineParams, config: perfmodel.Config, batches: Sequence[tuple[float, float]],
+    context: float, acceptance: Sequence[float], prefill: float = 0.0,
+) -> float:
+    """Time-weighted mean seconds per output token of ``config`` at the batches given, with
+    ``prefill`` prompt tokens in each step."""
+    total = math.fsum(w for _, w in batches)
+    cost = 0.0
+    for batch, weight in batches:
+        k = config.k_at(batch) if isinstance(config, Schedule) else int(config)
+        step = perfmodel.step_time(params, config, batch, context, prefill)
+        cost += weight * step / perfmodel.tokens_per_step_from_positions(acceptance, k)
+    return cost / total if total > 0 else math.inf
+
+
+def _measured_per_token(obs: Observation) -> float | None:
+    """Seconds of engine time per output token: the inter-token latency sum (one observation
+    per running request per step) over the tokens generated."""
+    if obs.step_time_mean_s is None or obs.generation_tps is None or obs.generation_tps <= 0 or obs.steps <= 0:
+        return None
+    return obs.step_time_mean_s * obs.steps / (obs.generation_tps * obs.window_s)
+
+
+def _e2e_loss(
+    params: EngineParams, est: Estimate, schedule: Schedule, k: int, *factors: float,
+    alpha: float | None = None,
+) -> float | None:
+    """The largest predicted relative loss of mean e2e latency of ``schedule`` against plain
+    ``k`` at today's load and at each of ``factors`` times it (negative: it gains), at
+    acceptance ``alpha`` (default: the estimate's)."""
+    worst = -math.inf
+    for factor in (1.0, *factors):
+        workload = workload_of(est, est.alpha if alpha is None else alpha, factor)
+        plain = perfmodel.steady_state(params, workload, k)
+        scheduled = perfmodel.steady_state(params, workload, schedule)
+        if plain.saturated and scheduled.saturated:
+            # Both overloaded: the one with less capacity falls behind faster.
+            worst = max(worst, plain.capacity_rps / scheduled.capacity_rps - 1.0)
+            continue
+        if scheduled.saturated:
+            return math.inf
+        if plain.saturated:
+            worst = max(worst, -1.0)
+            continue
+        worst = max(worst, scheduled.e2e_s / plain.e2e_s - 1.0)
+    return None if worst == -math.inf else worst
+
+
+def _crossovers(proposal: perfmodel.ScheduleProposal) -> str:
+    return ", ".join(f"K{k}@{b}" for b, k in proposal.crossover_batches) or "none"

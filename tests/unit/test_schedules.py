@@ -1,0 +1,273 @@
+"""Per-batch-size K schedules chosen by the control step (`control.schedules`): adoption when
+it pays, no restart on load swings under a schedule, revert of a schedule that measures worse
+than the plain K it replaced, plain K with the reason where vLLM lacks tables, and the status
+round trip. Pure: simulated time, observations from the true performance model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+from specdecode import api, timestamps
+from specdecode.control import evaluation, perfmodel, schedules
+from specdecode.control import state as cs
+from specdecode.control.decision import Action, Rule
+from specdecode.control.estimates import PolicyObservations
+from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
+from specdecode.control.perfmodel import EngineParams, Schedule, Workload
+from specdecode.control.settings import PolicySettings
+from specdecode.control.state import ControlState
+from specdecode.control.step import step
+from specdecode.render import workload as render_workload
+
+NOW = 1_800_000_000.0
+TRUTH = EngineParams.for_method("draft_model")
+KEY = ConfigKey("ns", "llama", "hash")
+SCHEDULE = Schedule(((1, 64, 3), (65, 1024, 0)))
+"""Speculate at K 3 up to a batch of 64, not above: the shape a load swing past the crossover
+calls for."""
+
+
+def observe(workload: Workload, config: perfmodel.Config, window: float, *,
+            params: EngineParams = TRUTH, now: float = NOW) -> Observation:
+    """What the reader would report for a steady state of the true model (plain K or a
+    schedule: the per-position counters mix the Ks the batch visits)."""
+    state = perfmodel.steady_state(params, workload, config)
+    steps = state.batch * state.replicas / state.step_time_s * window
+    drafts = draft_tokens = accepted = 0.0
+    per_pos: list[float] = [0.0] * perfmodel.config_max_k(config)
+    for k, share in state.step_shares():
+        if k <= 0:
+            continue
+        probs = perfmodel.position_acceptance(state.alpha, k, params.acceptance_decay)
+        drafts += steps * share
+        draft_tokens += steps * share * k
+        accepted += steps * share * sum(probs)
+        for i, p in enumerate(probs):
+            per_pos[i] += steps * share * p
+    spec = SpeculationCounts(drafts, draft_tokens, accepted, tuple(per_pos)) if drafts > 0 else None
+    return Observation(
+        key=KEY, window_s=window, evaluated_at=now, newest_sample_at=now - 5.0,
+        pods=state.replicas, speculation=spec, requests=workload.request_rate * window,
+        e2e_p95_s=state.e2e_p95_s, e2e_mean_s=state.e2e_s, tpot_p95_s=state.tpot_p95_s,
+        tpot_mean_s=state.tpot_s, step_time_mean_s=state.step_time_s, steps=steps,
+        running=state.batch * state.replicas, waiting=0.0, kv_cache_usage=state.kv_usage,
+        preemption_rate=state.preemptions_per_s,
+        generation_tps=workload.request_rate * workload.output_tokens,
+        prompt_tps=workload.request_rate * workload.prompt_tokens,
+        peak_running=state.batch * 1.6,
+    )
+
+
+def both(workload: Workload, config: perfmodel.Config, **kw) -> PolicyObservations:
+    return PolicyObservations.of(observe(workload, config, 300, **kw), observe(workload, config, 75, **kw))
+
+
+def auto(**kw) -> PolicySettings:
+    base = dict(replicas=2, slo_e2e_s=15.0, slo_tpot_s=0.05, max_surge=1, schedules=True)
+    base.update(kw)
+    return PolicySettings(**base)
+
+
+def under_schedule(schedule: Schedule = SCHEDULE, replaced_k: int = 3, **kw) -> ControlState:
+    base = dict(
+        enabled=True, k=schedule.max_k, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+        schedule=schedule, schedule_replaced_k=replaced_k, schedule_step_scale=1.0,
+    )
+    base.update(kw)
+    return ControlState(**base)
+
+
+def workload(rate: float, alpha: float = 0.8) -> Workload:
+    return Workload(rate, 1000, 300, 0, alpha)
+
+
+# --- the step model agrees with itself -----------------------------------------------------------
+
+
+def test_a_schedule_in_effect_whose_measurements_match_the_model_is_kept():
+    settings, state = auto(), under_schedule()
+    decision, after = step(settings, state, both(workload(8), SCHEDULE), NOW)
+    assert not decision.changes
+    assert after.schedule == SCHEDULE
+    assert after.schedule_overhead_s is not None
+    # The calibrated overhead is the truth's (0.5 ms) within the model's rounding.
+    assert abs(after.schedule_overhead_s - TRUTH.schedule_overhead_s) < 0.3e-3
+
+
+# --- load swings under a schedule: no restart ---------------------------------------------------
+
+
+def test_a_surge_past_the_crossover_and_back_under_a_schedule_makes_no_change():
+    """6 -> 36 -> 6 req/s, one evaluation a minute: every rule that would react to the load
+    (tuning, SLO guard, fast fallback, hedge) is the schedule's job now."""
+    settings, state = auto(), under_schedule()
+    rates = [6] * 10 + [12, 20, 28, 36] + [36] * 20 + [28, 20, 12] + [6] * 10
+    for i, rate in enumerate(rates):
+        now = NOW + 60.0 * i
+        decision, state = step(settings, state, both(workload(rate), SCHEDULE, now=now), now)
+        assert not decision.changes, (rate, decision.rule, decision.reason)
+    assert state.schedule == SCHEDULE
+    assert state.since == NOW - 7200
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.floats(1.0, 40.0), min_size=1, max_size=12))
+def test_load_swings_alone_never_restart_a_schedule(rates):
+    """Whatever the load does, with acceptance unchanged a running schedule stays."""
+    settings, state = auto(), under_schedule()
+    for i, rate in enumerate(rates):
+        now = NOW + 60.0 * i
+        decision, state = step(settings, state, both(workload(rate), SCHEDULE, now=now), now)
+        assert not decision.changes, (rate, decision.rule, decision.reason)
+
+
+def test_the_acceptance_floor_still_leaves_a_schedule():
+    settings, state = auto(), under_schedule()
+    decision, after = step(settings, state, both(workload(6, alpha=0.15), SCHEDULE), NOW)
+    assert decision.changes and decision.rule in (Rule.FLOOR, Rule.COLLAPSE)
+    assert decision.schedule is None and after.schedule is None
+
+
+# --- a truth-only penalty: reverted --------------------------------------------------------------
+
+
+def test_a_truth_only_schedule_penalty_is_reverted_within_a_few_evaluations():
+    """The truth's steps are 40 % slower under any schedule (the reported CUDA-graph
+    fallback); the policy's prior does not know it. Rolled out at t0, live 3 minutes later:
+    reverted within three evaluations after its first full window, and remembered."""
+    truth = replace(TRUTH, schedule_penalty=0.4)
+    settings = auto()
+    t0 = NOW
+    state = under_schedule(since=t0, live_since=t0 + 180.0)
+    first_full = t0 + 180.0 + settings.warmup_s + settings.window_s
+    reverted_at = None
+    for i in range(20):
+        now = t0 + 60.0 * (i + 1)
+        decision, state = step(settings, state, both(workload(8), SCHEDULE, params=truth, now=now), now)
+        if decision.changes:
+            assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+            assert decision.k == 3 and decision.schedule is None
+            reverted_at = now
+            break
+    assert reverted_at is not None
+    assert reverted_at <= first_full + 3 * settings.evaluation_interval_s
+    assert state.schedule is None and state.k == 3
+    assert SCHEDULE.label in state.rejected_schedules
+    assert "reverted" in (state.schedule_note or "")
+
+
+def test_the_revert_is_written_to_status_and_read_back():
+    truth = replace(TRUTH, schedule_penalty=0.4)
+    spec = api.parse_spec({
+        "model": {"name": "m"},
+        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
+        "replicas": 2, "autotune": {"schedules": "Auto"},
+    })
+    status = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW - 600),
+        cause="Policy", config_hash="hash", live=True, live_since=timestamps.rfc3339(NOW - 420),
+        spec_hash=cs.declared_speculation_hash(spec), schedule=SCHEDULE.label, schedule_replaced_k=3,
+        schedule_step_scale=1.0,
+    ))
+    state = cs.from_status(status, spec, datetime.fromtimestamp(NOW, timezone.utc))
+    assert state.schedule.label == SCHEDULE.label
+    settings = replace(PolicySettings.from_spec(spec), slo_e2e_s=15.0)
+    result = evaluation.evaluate(status, spec, settings, both(workload(8), SCHEDULE, params=truth),
+                                 None, datetime.fromtimestamp(NOW, timezone.utc))
+    assert result.rerender and result.decision.rule is Rule.SCHEDULE_REVERT
+    new = result.status
+    assert new.speculation.schedule is None and new.speculation.k == 3
+    assert [r.schedule for r in new.rejected_schedules] == [SCHEDULE.label]
+    assert new.history[-1].from_schedule == SCHEDULE.label and new.history[-1].to_schedule is None
+    again = cs.from_status(new, spec, datetime.fromtimestamp(NOW + 60, timezone.utc))
+    assert SCHEDULE.label in again.rejected_schedules
+    choice, _, _ = cs.choose(spec, new)
+    assert choice.per_batch_size is None and choice.k == 3
+
+
+# --- support ---------------------------------------------------------------------------------------
+
+
+def _spec(version: str, method: str = "draft_model", **speculation) -> api.SpecDecodeServiceSpec:
+    return api.parse_spec({
+        "model": {"name": "m"},
+        "speculation": {"method": method, **({"draftModel": "d"} if method == "draft_model" else {}),
+                        "numSpeculativeTokens": 3, **speculation},
+        "engine": {"version": version}, "autotune": {"schedules": "Auto"},
+    })
+
+
+def test_a_version_without_tables_keeps_plain_k_and_says_why():
+    settings = replace(PolicySettings.from_spec(_spec("0.23.0")), replicas=2, slo_e2e_s=15.0)
+    assert "0.23.0" in settings.schedules_unsupported
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    decision, after = step(settings, state, both(workload(20), 3), NOW)
+    assert decision.schedule is None and after.schedule is None
+    assert "0.23.0" in after.schedule_note and "plain K" in after.schedule_note
+
+
+def test_suffix_on_033_and_a_declared_table_keep_plain_k():
+    assert "suffix" in schedules.unsupported_reason(_spec("0.33.0", "suffix"))
+    declared = _spec("0.33.0", perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 3}])
+    assert "perBatchSizeK" in schedules.unsupported_reason(declared)
+    assert schedules.unsupported_reason(_spec("0.33.0")) is None
+    assert schedules.unsupported_reason(_spec("nightly")) is None
+
+
+def test_schedules_off_by_default_change_nothing():
+    settings = replace(auto(), schedules=False)
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    for rate in (4, 20, 30):
+        decision, after = step(settings, state, both(workload(rate), 3), NOW)
+        assert decision.schedule is None and after.schedule is None and after.schedule_note is None
+
+
+# --- adoption ----------------------------------------------------------------------------------------
+
+
+def test_a_schedule_is_adopted_only_when_it_pays_and_renders_as_a_table():
+    """Across loads, a plain K=3 service with schedules Auto: whatever is adopted must be a
+    few-band schedule whose predicted saving met the threshold; the render carries it."""
+    settings = auto()
+    adopted = []
+    for rate in (2, 6, 12, 20, 26, 30):
+        state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+        decision, after = step(settings, state, both(workload(rate), 3), NOW)
+        if decision.schedule is not None:
+            assert decision.rule is Rule.SCHEDULE and decision.action is Action.SET_K
+            assert 2 <= len(decision.schedule.bands) <= perfmodel.SCHEDULE_MAX_BANDS
+            assert after.schedule == decision.schedule and after.schedule_replaced_k == 3
+            assert after.since == NOW and after.live_since is None
+            adopted.append(rate)
+        else:
+            assert after.schedule is None
+    spec = _spec("0.33.0")
+    choice = render_workload.SpeculationChoice(k=3, per_batch_size=SCHEDULE.rows())
+    args = render_workload.vllm_args(spec, choice)
+    assert any("num_speculative_tokens_per_batch_size" in a for a in args)
+
+
+def test_a_surge_that_would_turn_speculation_off_adopts_a_schedule_and_the_calm_needs_no_restart():
+    """Where a schedule is nearly free (a draft without memory of its own, no per-step cost),
+    the tuning move to off at a surge becomes a schedule instead: the same one restart, and
+    none when the load falls back (the plain policy restarts again)."""
+    free = replace(TRUTH, draft_weight_tokens=0, draft_kv_ratio=0.0, schedule_overhead_s=0.0, spec_overhead_s=0.0)
+    settings = auto(prior=free)
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                         batch_low=2.0, batch_high=3.0, observed_at=NOW - 60)
+    decision, state = step(settings, state, both(workload(36), 3, params=free), NOW)
+    assert decision.rule is Rule.SCHEDULE and decision.schedule is not None, decision.reason
+    assert decision.reason.startswith("instead of off")
+    schedule = decision.schedule
+    assert schedule.k_at(2) == 3 and schedule.k_at(300) == 0
+    live = NOW + 360.0
+    state = replace(state, live_since=live)
+    for i, rate in enumerate([36] * 10 + [20, 10, 6] + [6] * 10):
+        now = live + 60.0 * (i + 1)
+        decision, state = step(settings, state, both(workload(rate), schedule, params=free, now=now), now)
+        assert not decision.changes, (rate, decision.rule, decision.reason)
+    assert state.schedule == schedule
