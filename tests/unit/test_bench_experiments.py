@@ -215,3 +215,23 @@ def test_bench_policy_with_experiments_prints_the_experiment_table_with_sane_cou
     assert on["restarts"] >= 1  # the fallback from the collapse is immediate, never canaried
     names = [t["name"] for t in data["summary"]["experiments"]["targets"]]
     assert len(names) == 2 and "restarts" in names[0] and "failed-probe cost" in names[1]
+
+
+def test_the_suite_holds_back_three_scenarios_written_for_experiments():
+    """Held back (never used to tune the policy): a collapse on a stale memory, n-gram phases,
+    and a draft that stops paying for the Control experiment to find (its control interval
+    set as a user would, under autotune)."""
+    from specdecode.tools.scenario import benchmark_suite, load_scenario
+
+    held = {s.name: s for s in map(load_scenario, benchmark_suite()) if s.held_back}
+    assert set(held) >= {"heldback-stale-memory-collapse", "heldback-ngram-phases", "heldback-draft-stopped-paying"}
+    spec = run.service_spec(held["heldback-draft-stopped-paying"])
+    assert spec.autotune.experiments.control_interval == "2h" and spec.autotune.experiments.enabled
+    assert run.service_spec(held["heldback-ngram-phases"], experiments=False).autotune.experiments.enabled is False
+
+
+def test_a_scenario_autotune_override_is_checked_against_the_api_with_the_field_named():
+    from specdecode.tools.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"autotune\.experiments\.replicas"):
+        parse_scenario({**STEADY, "autotune": {"experiments": {"replicas": 0}}})
