@@ -843,8 +843,9 @@ class ExperimentsSpec(ApiModel):
     )
     min_requests: int = Field(
         200,
-        description="Requests each side (canary and running config) must serve before any verdict "
-        "but an SLO breach. Fewer ends experiments sooner on noisier evidence.",
+        description="Requests each side (canary and running config) must serve before a verdict on "
+        "speed (an SLO breach or maxDuration ends an experiment regardless). Fewer ends experiments "
+        "sooner on noisier evidence.",
         ge=1,
         le=10_000_000,
     )
