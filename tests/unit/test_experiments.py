@@ -89,6 +89,23 @@ def test_a_breach_both_arms_share_is_the_load_not_the_candidate():
     assert judge_all(windows, 0.0, MINUTE, settings).verdict is Verdict.CONTINUE
 
 
+def test_a_canary_whose_acceptance_is_still_below_the_floor_is_aborted_at_its_first_window():
+    # A re-probe after a collapse into an acceptance that has not recovered: one window of
+    # one replica, not the test's minimum of windows (the collapse guard's speed).
+    settings = ExperimentSettings(acceptance_floor=0.35, min_drafts=2000)
+    collapsed = [PairedWindow(MINUTE, ArmWindow(80, 0.018, alpha=0.20, alpha_trials=6000), ArmWindow(240, 0.020))]
+    outcome = judge_all(collapsed, 0.0, MINUTE, settings)
+    assert outcome.verdict is Verdict.ABORT_WORSE
+    assert "below the acceptance floor 0.35" in outcome.reason
+
+
+@pytest.mark.parametrize("alpha, trials", [(0.20, 500), (0.34, 6000), (0.60, 6000)])
+def test_a_canary_near_or_above_the_floor_or_with_few_drafts_is_left_to_the_test(alpha, trials):
+    settings = ExperimentSettings(acceptance_floor=0.35, min_drafts=2000)
+    window = [PairedWindow(MINUTE, ArmWindow(80, 0.018, alpha=alpha, alpha_trials=trials), ArmWindow(240, 0.020))]
+    assert judge_all(window, 0.0, MINUTE, settings).verdict is Verdict.CONTINUE
+
+
 def test_an_experiment_without_traffic_times_out_and_keeps_the_incumbent():
     idle = [PairedWindow(MINUTE * i, ArmWindow(0, None), ArmWindow(0, None)) for i in range(1, 31)]
     assert judge_all(idle, 0.0, MINUTE * 29, ExperimentSettings(max_duration_s=1800)).verdict is Verdict.CONTINUE

@@ -66,6 +66,10 @@ class ArmWindow:
     tpot_p95_s: Optional[float] = None
     e2e_p95_s: Optional[float] = None
     generation_tps: Optional[float] = None
+    alpha: Optional[float] = None
+    """Pooled per-token acceptance of the arm's drafts (None: the arm runs no speculation)."""
+    alpha_trials: float = 0.0
+    """Token positions behind ``alpha`` (its sample size)."""
 
     @property
     def usable(self) -> bool:
@@ -97,6 +101,16 @@ class ExperimentSettings:
     max_duration_s: float = 1800.0
     tpot_p95_slo_s: Optional[float] = None
     e2e_p95_slo_s: Optional[float] = None
+    acceptance_floor: Optional[float] = None
+    """autotune.acceptanceFloor: a canary whose acceptance is confidently below it is aborted at
+    once, as the collapse guard turns speculation off on the running config (a re-probe into
+    an acceptance that has not recovered costs one replica for one window, not the test's
+    minimum of windows)."""
+    min_drafts: float = 2000.0
+    """Drafted tokens a canary window needs before its acceptance is trusted (autotune.minDrafts)."""
+    confidence_z: float = 2.0
+    overdispersion: float = 4.0
+    """As the policy's `PolicyTuning`: tokens of one request are correlated."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,21 @@ def _slo_breach(window: PairedWindow, settings: ExperimentSettings) -> Optional[
     return None
 
 
+def _below_floor(arm: ArmWindow, settings: ExperimentSettings) -> Optional[str]:
+    """Why the canary's acceptance is confidently below the floor in this window; None if not."""
+    # Imported here: estimates imports the policy's settings, which import this module.
+    from specdecode.control.estimates import binomial_stderr
+
+    floor = settings.acceptance_floor
+    if floor is None or arm.alpha is None or arm.alpha_trials < settings.min_drafts:
+        return None
+    stderr = binomial_stderr(arm.alpha, arm.alpha_trials, settings.overdispersion)
+    if arm.alpha + settings.confidence_z * stderr >= floor:
+        return None
+    return (f"the canary's acceptance {arm.alpha:.2f} (+/- {stderr:.2f}, {arm.alpha_trials:.0f} drafted "
+            f"positions) is below the acceptance floor {floor:.2f}: speculation does not pay there yet")
+
+
 def judge(
     evidence: Evidence,
     latest: Optional[PairedWindow],
@@ -225,6 +254,9 @@ def judge(
     breach = _slo_breach(latest, settings) if latest is not None else None
     if breach:
         return outcome(Verdict.ABORT_SLO, breach)
+    below = _below_floor(latest.candidate, settings) if latest is not None else None
+    if below:
+        return outcome(Verdict.ABORT_WORSE, below)
     if evidence.paired == 0:
         if timed_out:
             return outcome(Verdict.ABORT_TIMEOUT, "no window had traffic on both the canary and the incumbent")
@@ -352,6 +384,8 @@ def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = Can
         max_duration_s=plan.max_duration_s,
         tpot_p95_slo_s=api.parse_duration(slo.p95_time_per_output_token) if slo.p95_time_per_output_token else None,
         e2e_p95_slo_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
+        acceptance_floor=spec.autotune.acceptance_floor,
+        min_drafts=float(spec.autotune.min_drafts),
     )
 
 
@@ -359,12 +393,15 @@ def arm_window(observation: Optional["Observation"]) -> ArmWindow:
     """One arm of a window from the metrics of its config hash (an empty arm when absent)."""
     if observation is None:
         return ArmWindow(requests=0.0, tpot_mean_s=None)
+    speculation = observation.speculation
     return ArmWindow(
         requests=observation.requests,
         tpot_mean_s=observation.tpot_mean_s,
         tpot_p95_s=observation.tpot_p95_s,
         e2e_p95_s=observation.e2e_p95_s,
         generation_tps=observation.generation_tps,
+        alpha=speculation.alpha if speculation is not None else None,
+        alpha_trials=speculation.alpha_trials if speculation is not None else 0.0,
     )
 
 
