@@ -21,6 +21,7 @@ from ..render import workload as render
 from . import instrumentation
 from .kube import Kube
 
+
 def candidate_of(record: api.ExperimentRecord) -> render.SpeculationChoice:
     """What the record's canary runs."""
     return render.SpeculationChoice(k=record.candidate_k if record.candidate_enabled else None)
