@@ -493,3 +493,24 @@ def test_a_reprobe_runs_on_a_canary_read_from_the_same_prometheus_read_and_is_co
     assert counted("Promote") == promoted_before + 1
     assert C.EVENT_EXPERIMENT_PROMOTED in [reason for _, reason, _ in kube.writes.events]
     assert controller.reconciles == 2  # the promotion rolls the main Deployment, the canary goes
+
+
+def test_a_new_service_is_evaluated_once_its_first_rollout_is_live_not_before():
+    """Nothing runs yet: no read, no status write (at fleet scale, two writes per new service
+    that conflicted with the reconcile's Serving write). Live, it is evaluated at the next tick."""
+    service, best = _steady_service()
+    rolling = dict(service["status"])
+    rolling["speculation"] = {k: v for k, v in rolling["speculation"].items() if k != "liveSince"}
+    rolling["speculation"]["live"] = False
+    kube = _kube({**service, "status": rolling})
+    reader = CountingReader(snapshot=_noisy_snapshots(best))
+    now = [T0]
+    ev, memory = _evaluator(reader, kube, clock=lambda: now[0]), ServiceMemory()
+    for tick in range(12):
+        now[0] = T0 + timedelta(seconds=5 * tick)
+        assert _tick(ev, kube, memory) is None
+    assert reader.reads == [] and kube.writes.status == []
+    live = _kube(service)  # the reconcile found every replica Ready
+    ev.kube = live
+    now[0] += timedelta(seconds=5)
+    assert _tick(ev, live, memory) is not None and len(reader.reads) == 1

@@ -146,3 +146,20 @@ def test_each_tick_evaluates_the_object_kopf_passes_with_the_objects_own_memory(
     assert [b for b, _ in evaluator.calls] == bodies
     assert all(name.startswith("evaluate") for name in evaluator.threads)
     assert evaluator.calls[0][1] is evaluator.calls[1][1] is obj.service
+
+
+def test_the_periodic_pass_reconciles_in_the_repairs_own_threads():
+    """Not in kopf's: at N=500 the timers held all of kopf's threads while the Deployment
+    events that turn new services Serving waited."""
+    obj = _per_object(_started(MemoryKube()))
+    threads = []
+
+    class Recording:
+        def reconcile(self, namespace, name, children=None):
+            threads.append((namespace, name, threading.current_thread().name))
+            return "ok"
+
+    obj.controller = Recording()
+    asyncio.run(handlers.sds_timer(namespace="team-a", name="llama", memo=obj, retry=0))
+    [(namespace, name, thread)] = threads
+    assert (namespace, name) == ("team-a", "llama") and thread.startswith("repair")

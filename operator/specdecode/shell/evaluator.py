@@ -132,7 +132,7 @@ class Evaluator:
             return None
         interval = api.parse_duration(spec.autotune.evaluation_interval)
         status = api.SpecDecodeServiceStatus.model_validate(body.get("status") or {})
-        if spec.autotune.mode == api.AutotuneMode.OFF or status.speculation is None:
+        if spec.autotune.mode == api.AutotuneMode.OFF or _first_rollout(status):
             instrumentation.forget_evaluation(namespace, name)
             if spec.autotune.mode == api.AutotuneMode.OFF:  # nothing to do until the spec changes
                 memory.quiet_until(generation, now.timestamp() + interval)
@@ -307,6 +307,16 @@ class Evaluator:
         if not data:
             raise _CredentialsUnavailable(f"{where} has no such key. Fix: correct spec.metrics.auth.{field}.key.")
         return base64.b64decode(data).decode()
+
+
+def _first_rollout(status: api.SpecDecodeServiceStatus) -> bool:
+    """Whether the service has not yet run at all: no speculation in status, or its first
+    config still rolling out and nothing ever observed. Nothing can be measured or decided
+    then (the policy's answer is a hold for the rollout), and at fleet scale those
+    evaluations were two status writes per new service (conflicting with the reconcile's
+    Serving write) while the API server was busiest: the first evaluation waits for the pods."""
+    effective = status.speculation
+    return effective is None or (not effective.live and effective.live_since is None and status.observations is None)
 
 
 class _CredentialsUnavailable(Exception):

@@ -41,6 +41,11 @@ OWNED_DEPLOYMENTS = {C.LABEL_MANAGED_BY: C.LABEL_MANAGED_BY_VALUE}
 # waited minutes for a reconcile. Bounded both: more threads only queue at the API server.
 RECONCILE_WORKERS = 8
 EVALUATION_WORKERS = 4
+# The periodic full pass (drift repair) has threads of its own too: at N=500 the timers of
+# services created a minute earlier held all 8 reconcile threads while the Deployment events
+# that turn new services Serving queued behind them (300 Deployments available, none Serving).
+# A repair may wait; a new service should not.
+TIMER_WORKERS = 2
 
 
 def _kube_from_config() -> Kube:
@@ -58,6 +63,7 @@ class Memo:
     controller: Optional[Controller] = None
     evaluator: Optional[Evaluator] = None
     evaluation_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+    timer_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
     service: Optional[ServiceMemory] = None
 
     def start(self) -> None:
@@ -68,6 +74,7 @@ class Memo:
                                      model_cache_root=cache_root, max_replicas=self.settings.max_replicas)
         self.evaluator = Evaluator(kube, self.controller, self.settings)
         self.evaluation_pool = concurrent.futures.ThreadPoolExecutor(EVALUATION_WORKERS, thread_name_prefix="evaluate")
+        self.timer_pool = concurrent.futures.ThreadPoolExecutor(TIMER_WORKERS, thread_name_prefix="repair")
 
     def running(self) -> tuple[Controller, Evaluator]:
         if self.controller is None or self.evaluator is None:
@@ -187,10 +194,12 @@ def sds_reconcile(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -
     _reconcile(memo, namespace, name, retry)
 
 
-def sds_timer(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
-    """Level-triggered pass: repairs drift a watch event did not show. Returns None, so kopf
-    writes nothing for it."""
-    _reconcile(memo, namespace, name, retry)
+async def sds_timer(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
+    """Level-triggered pass: repairs drift a watch event did not show, in the repairs' own
+    threads. Returns None, so kopf writes nothing for it."""
+    memo.running()
+    await asyncio.get_running_loop().run_in_executor(
+        memo.timer_pool, functools.partial(_reconcile, memo, namespace, name, retry))
 
 
 async def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> None:
