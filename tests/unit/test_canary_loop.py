@@ -438,3 +438,21 @@ def test_any_stored_experiments_read_back_as_written():
         assert [e.to_record().to_wire() for e in state.experiments] == [r.to_wire() for r in records]
 
     check()
+
+
+def test_a_reprobe_into_an_acceptance_still_below_the_floor_is_aborted_at_once_not_after_its_windows():
+    """The canary's acceptance needs no warm-up and no paired window: a re-probe while the
+    draft still does not pay ends at the first evaluation that sees the canary's drafts, as
+    the collapse guard would end it on the running config, and backs off like any loss."""
+    reprobe = Experiment(Purpose.REPROBE, "draft_model K=3", hash_of(SPEC, 3), hash_of(SPEC, None),
+                         started_at=NOW - 240, candidate_k=3).to_record()
+    status = live_status(SPEC, None, experiments=(reprobe,))
+    canary = observe(COLLAPSED, 3, 300)
+    result = evaluate_once(SPEC, status, both(COLLAPSED, 0), canary=canary)
+    ended = result.status.experiments[-1]
+    assert ended.verdict == "AbortWorse" and "below the acceptance floor" in ended.reason
+    assert not result.rerender and result.status.speculation.enabled is False
+    assert C.EVENT_EXPERIMENT_ABORTED in [e[1] for e in result.events]
+    # The same evaluation with a canary that pays again is left to the test's windows.
+    recovered = evaluate_once(SPEC, status, both(COLLAPSED, 0), canary=observe(LOW, 3, 300))
+    assert recovered.status.experiments[-1].verdict == "Running"

@@ -122,6 +122,27 @@ def test_serving_when_live_progressing_while_rolling():
     assert st.get_condition(rolling.conditions, C.COND_READY).status == "True"
 
 
+@pytest.mark.parametrize("scale", [
+    {"replicas": 3, "total": 3, "updated": 3, "available": 2, "ready": 2},  # a replica given back, starting
+    {"replicas": 1, "total": 2, "updated": 2, "available": 2, "ready": 2},  # a replica lent to a canary
+])
+def test_a_live_config_whose_replica_count_moves_stays_serving_and_keeps_its_warm_up(scale):
+    """A canary experiment scales the main Deployment down and back up: GitOps health stays
+    Healthy (phase Serving, Progressing False) and the warm-up does not start again."""
+    spec = _spec(numSpeculativeTokens=3)
+    serving = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    scaled = st.next_status(serving, _outcome(**scale), spec, 3, T0 + timedelta(minutes=5))
+    assert scaled.phase == C.PHASE_SERVING
+    progressing = st.get_condition(scaled.conditions, C.COND_PROGRESSING)
+    assert (progressing.status, progressing.reason) == ("False", C.REASON_SCALING)
+    assert scaled.speculation.live_since == serving.speculation.live_since
+    # A new config is a rollout, whatever the replica count does.
+    changed = st.next_status(serving, st.ReconcileOutcome(
+        rollout=st.rollout_state(_deployment(config="new", **scale), "new"), choice=SpeculationChoice(k=4),
+        choice_reason="policy", config_hash="new", method="ngram", selector="x=y"), spec, 3, T0)
+    assert changed.phase == C.PHASE_PROGRESSING and changed.speculation.live_since is None
+
+
 def test_an_unchanged_world_gives_an_identical_status():
     spec = _spec(numSpeculativeTokens=3)
     first = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)

@@ -34,7 +34,7 @@ from specdecode import constants
 from specdecode.api import AutotuneMode
 from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import PolicyObservations
-from specdecode.control.experiments import Experiment, ExperimentPolicy, Purpose, Verdict
+from specdecode.control.experiments import Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor
 from specdecode.control.explain import fmt_s, label
 from specdecode.control.metrics import Observation
 from specdecode.control.settings import PolicySettings
@@ -140,6 +140,15 @@ def _measure(
     current = label(state.config)
     if not observed.available:
         return decision, state  # fail static: no window is measured; the rules' hold says why
+    below = below_floor(arm_window(canary), policy.test)
+    if below is not None:
+        # As the collapse guard on the running config: at once, not after the test's windows
+        # (a re-probe into an acceptance that has not recovered costs one replica for minutes).
+        ended = running.end(Verdict.ABORT_WORSE, below, at)
+        state = replace(state, experiments=state.experiments[:-1] + (ended,))
+        return _experiment_hold(decision, state, (
+            f"canary experiment ({running.purpose.value}) ended {Verdict.ABORT_WORSE.value}: {below}; "
+            f"keeping {current}")), state
     if not _window_due(settings, policy, running, at):
         progress = running.outcome.reason if running.outcome else "waiting for the canary's first full window"
         return _experiment_hold(decision, state, (

@@ -215,8 +215,10 @@ def _slo_breach(window: PairedWindow, settings: ExperimentSettings) -> Optional[
     return None
 
 
-def _below_floor(arm: ArmWindow, settings: ExperimentSettings) -> Optional[str]:
-    """Why the canary's acceptance is confidently below the floor in this window; None if not."""
+def below_floor(arm: ArmWindow, settings: ExperimentSettings) -> Optional[str]:
+    """Why the canary's acceptance is confidently below the floor in this window; None if not.
+    Acceptance needs no warm-up and no paired window (it is the draft's, not the latency's):
+    the loop checks it at every evaluation of a running canary."""
     # Imported here: estimates imports the policy's settings, which import this module.
     from specdecode.control.estimates import binomial_stderr
 
@@ -254,7 +256,7 @@ def judge(
     breach = _slo_breach(latest, settings) if latest is not None else None
     if breach:
         return outcome(Verdict.ABORT_SLO, breach)
-    below = _below_floor(latest.candidate, settings) if latest is not None else None
+    below = below_floor(latest.candidate, settings) if latest is not None else None
     if below:
         return outcome(Verdict.ABORT_WORSE, below)
     if evidence.paired == 0:
@@ -443,9 +445,14 @@ class Experiment:
 
     def cancel(self, reason: str, now: float) -> "Experiment":
         """Ended from outside the test (the spec changed, autotune turned off, the canary failed)."""
+        return self.end(Verdict.CANCELLED, reason, now)
+
+    def end(self, verdict: Verdict, reason: str, now: float) -> "Experiment":
+        """Ended at ``now`` with ``verdict`` before its next window (a cancel, or a canary
+        whose acceptance is already below the floor: `below_floor`)."""
         if not self.running:
             return self
-        ended = Outcome(Verdict.CANCELLED, reason, self.evidence.windows,
+        ended = Outcome(verdict, reason, self.evidence.windows,
                         self.evidence.candidate_requests, self.evidence.incumbent_requests)
         return replace(self, outcome=ended, ended_at=now)
 

@@ -105,6 +105,21 @@ class RolloutState:
             and self.replicas == self.desired
         )
 
+    @property
+    def scaling(self) -> bool:
+        """Only the replica count moves: every pod runs the rendered config and one at least
+        serves, but not yet as many as desired (a canary borrowed or gave back a replica, an
+        HPA scaled, a pod is replaced). The config is what it was; its metrics are still its own."""
+        return (
+            self.exists
+            and self.observed
+            and self.config_matches
+            and not self.deadline_exceeded
+            and self.updated == self.replicas
+            and self.available >= 1
+            and not self.live
+        )
+
 
 def rollout_state(deployment: Optional[dict[str, Any]], rendered_hash: str) -> RolloutState:
     """Read the Deployment's status the way `kubectl rollout status` does."""
@@ -196,10 +211,24 @@ def next_status(
     else:
         conds = set_condition(conds, C.COND_DEGRADED, False, "AsExpected", "", now, generation)
 
+    earlier = current.speculation
+    choice = outcome.choice
+    same_choice = earlier is not None and earlier.enabled == choice.enabled and earlier.k == choice.k
+    same_config = same_choice and earlier.config_hash == outcome.config_hash
+    # A config that was live stays live while only the replica count moves: a canary
+    # experiment's start and end scale the main Deployment, and GitOps health must stay
+    # Healthy then (no Progressing, no new warm-up: no pod changed its config).
+    live = r.live or (r.scaling and same_config and bool(earlier.live_since))
+
     if not r.exists:
         conds = set_condition(conds, C.COND_PROGRESSING, True, C.REASON_DEPLOYMENT_MISSING, f"creating the Deployment for {config}", now, generation)
     elif r.live:
         conds = set_condition(conds, C.COND_PROGRESSING, False, C.REASON_ROLLOUT_COMPLETE, f"all {r.desired} replicas run {config}", now, generation)
+    elif live:
+        conds = set_condition(
+            conds, C.COND_PROGRESSING, False, C.REASON_SCALING,
+            f"scaling to {r.desired} replicas of {config}: {r.available} available", now, generation,
+        )
     else:
         conds = set_condition(
             conds, C.COND_PROGRESSING, True, C.REASON_ROLLING_OUT,
@@ -213,7 +242,7 @@ def next_status(
         conds = set_condition(conds, C.COND_READY, False, reason, f"{r.available}/{r.desired} replicas available", now, generation)
 
     if outcome.choice.enabled:
-        spec_cond = (True, C.REASON_SPECULATION_ON, f"{described} {'running' if r.live else 'rolling out'}")
+        spec_cond = (True, C.REASON_SPECULATION_ON, f"{described} {'running' if live else 'rolling out'}")
     elif spec.autotune.mode == api.AutotuneMode.OFF:
         spec_cond = (False, C.REASON_DISABLED_BY_USER, "speculation off")
     else:
@@ -228,21 +257,17 @@ def next_status(
 
     if outcome.apply_error is not None or (r.deadline_exceeded and not r.live):
         phase = C.PHASE_DEGRADED
-    elif not r.exists or not r.live:
+    elif not r.exists or not live:
         phase = C.PHASE_PROGRESSING
     elif r.desired == 0:
         phase = C.PHASE_PENDING
     else:
         phase = C.PHASE_SERVING
 
-    earlier = current.speculation
-    choice = outcome.choice
     c = outcome.canary
-    same_choice = earlier is not None and earlier.enabled == choice.enabled and earlier.k == choice.k
     since = earlier.since if same_choice and earlier.since else rfc3339(now)
     # Warm-up and attribution count from the moment every replica ran this config.
-    same_config = same_choice and earlier.config_hash == outcome.config_hash
-    if not r.live:
+    if not live:
         live_since = None
     elif same_config and earlier.live_since:
         live_since = earlier.live_since
@@ -256,7 +281,7 @@ def next_status(
         reason=outcome.choice_reason,
         cause=outcome.choice_cause.value,
         config_hash=outcome.config_hash,
-        live=r.live,
+        live=live,
         live_since=live_since,
         spec_hash=declared_speculation_hash(spec),
     )
