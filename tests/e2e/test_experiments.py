@@ -202,9 +202,25 @@ def test_a_worse_candidate_is_aborted_and_the_main_deployment_keeps_its_template
         before = (template_hash(main), main.metadata.annotations.get("deployment.kubernetes.io/revision"),
                   main.spec.template.to_dict())
 
-        ended = wait_experiment_over(kube_api, namespace, record["startedAt"], 240)
+        # GitOps health stays Healthy throughout: the main Deployment lends a replica and gets
+        # it back, which is a scale, not a rollout (phase Serving, Progressing never True).
+        seen: set = set()
+
+        def watched() -> dict:
+            st = status(kube_api, namespace)
+            progressing = next((c for c in st.get("conditions") or [] if c["type"] == C.COND_PROGRESSING), {})
+            seen.add((st.get("phase"), progressing.get("status")))
+            return st
+
+        ended = poll_until(
+            lambda: (r := next((r for r in watched().get("experiments") or [] if r["startedAt"] == record["startedAt"]
+                                and r["verdict"] != "Running"), None)) and r, 240, "the control experiment to end")
         print("control:", {k: ended.get(k) for k in ("verdict", "reason", "effect", "windows", "requests")})
         assert ended["verdict"].startswith("Abort"), ended
+        poll_until(lambda: watched().get("readyReplicas") == REPLICAS and deployment(kube_api, namespace, CANARY) is None
+                   and (d := deployment(kube_api, namespace)).spec.replicas == REPLICAS
+                   and (d.status.available_replicas or 0) == REPLICAS, 120, "every main replica back and available")
+        assert seen == {(C.PHASE_SERVING, "False")}, seen
         main = deployment(kube_api, namespace)
         # Its replicas went to 2 and back to 3; its pods' template (hence its ReplicaSet) never moved.
         after = (template_hash(main), main.metadata.annotations.get("deployment.kubernetes.io/revision"),

@@ -125,6 +125,7 @@ def test_serving_when_live_progressing_while_rolling():
 @pytest.mark.parametrize("scale", [
     {"replicas": 3, "total": 3, "updated": 3, "available": 2, "ready": 2},  # a replica given back, starting
     {"replicas": 1, "total": 2, "updated": 2, "available": 2, "ready": 2},  # a replica lent to a canary
+    {"replicas": 3, "total": 2, "updated": 2, "available": 2, "ready": 2, "generation": 4},  # not yet observed
 ])
 def test_a_live_config_whose_replica_count_moves_stays_serving_and_keeps_its_warm_up(scale):
     """A canary experiment scales the main Deployment down and back up: GitOps health stays

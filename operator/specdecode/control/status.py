@@ -109,10 +109,11 @@ class RolloutState:
     def scaling(self) -> bool:
         """Only the replica count moves: every pod runs the rendered config and one at least
         serves, but not yet as many as desired (a canary borrowed or gave back a replica, an
-        HPA scaled, a pod is replaced). The config is what it was; its metrics are still its own."""
+        HPA scaled, a pod is replaced). The config is what it was; its metrics are still its own.
+        The deployment controller need not have seen the change yet: a new replica count bumps
+        the generation too, and until it is observed every pod counted still runs the config."""
         return (
             self.exists
-            and self.observed
             and self.config_matches
             and not self.deadline_exceeded
             and self.updated == self.replicas
