@@ -35,6 +35,7 @@ from specdecode.render import workload as render
 from .conftest import poll_until
 from .operator_harness import NO_PROMETHEUS, holds_for, kubectl
 from .test_control_loop import FAST_AUTOTUNE, WORKLOAD, scenario_file, simulated
+from .test_operator import get_deployment
 
 pytestmark = pytest.mark.e2e
 
@@ -82,12 +83,7 @@ def running(st: dict) -> Optional[dict]:
 
 
 def deployment(kube_api, namespace: str, name: str = NAME) -> Optional[client.V1Deployment]:
-    try:
-        return client.AppsV1Api(kube_api).read_namespaced_deployment(name, namespace)
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return get_deployment(kube_api, namespace, name)
 
 
 def template_hash(d: client.V1Deployment) -> str:
