@@ -262,7 +262,10 @@ def test_recommend_mode_moves_the_recommendation_and_never_the_deployment(cluste
         generation = client.AppsV1Api(kube_api).read_namespaced_deployment("llama", namespace).metadata.generation
         advised = poll_until(lambda: (status(kube_api, namespace).get("recommendation") or {}).get("action") == "disable"
                              and status(kube_api, namespace), 150, "a recommendation to disable")
-        assert "floor" in advised["recommendation"]["reason"]
+        # The short window sees the collapse first: the advice comes from the floor or from the
+        # fast fallback ("speculation hurts"), whichever window crosses first.
+        reason = advised["recommendation"]["reason"]
+        assert "floor" in reason or "speculation hurts" in reason, reason
         assert advised["history"][-1]["applied"] is False
         assert speculation(advised) == (True, 3)
         assert client.AppsV1Api(kube_api).read_namespaced_deployment("llama", namespace).metadata.generation == generation

@@ -99,7 +99,7 @@ def test_sample_becomes_serving_on_fake_gpu_nodes(cluster, kube_api, operator, n
     assert condition(sds, C.COND_PROGRESSING)["reason"] == C.REASON_ROLLOUT_COMPLETE
 
     table = kubectl(cluster, "get", "sds", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "METHOD", "K", "ACCEPTANCE", "P95", "AGE"]
+    assert table[0].split() == ["NAME", "PHASE", "METHOD", "K", "SCHEDULE", "ACCEPTANCE", "P95", "AGE"]
     assert table[1].split()[:4] == ["llama", "Serving", "draft_model", "4"]
 
     events = kubectl(cluster, "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=SpecDecodeService", "-o", "json").stdout
