@@ -13,7 +13,7 @@ import os
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -130,18 +130,22 @@ class AuditWrite:
     time: str
 
 
-def audit_writes(lines: Iterable[str], user: str, namespaces: Optional[Iterable[str]] = None) -> list[AuditWrite]:
-    """The write requests `user` made (in `namespaces`, when given) in audit log lines; a line
-    cut short by the writer is skipped."""
-    wanted = None if namespaces is None else set(namespaces)
-    out = []
+def _completed_writes(lines: Iterable[str]) -> Iterator[dict]:
+    """The audit entries of completed write requests; a line cut short by the writer is skipped."""
     for line in lines:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in WRITE_VERBS:
-            continue
+        if entry.get("stage") == "ResponseComplete" and entry.get("verb") in WRITE_VERBS:
+            yield entry
+
+
+def audit_writes(lines: Iterable[str], user: str, namespaces: Optional[Iterable[str]] = None) -> list[AuditWrite]:
+    """The write requests `user` made (in `namespaces`, when given) in audit log lines."""
+    wanted = None if namespaces is None else set(namespaces)
+    out = []
+    for entry in _completed_writes(lines):
         if (entry.get("user") or {}).get("username") != user:
             continue
         ref = entry.get("objectRef") or {}
@@ -270,15 +274,10 @@ def serving_stages(lines: Iterable[str], namespace: str, operator_user: str) -> 
     controller's first status with an available replica, the operator's status write that
     says Serving. Services missing a step are left out of that step and the ones after it."""
     first: dict[str, dict[str, float]] = {stage: {} for stage in SERVING_STAGES}
-    for line in lines:
-        if '"resource":"specdecodeservices"' not in line and '"resource":"deployments"' not in line:
-            continue  # most of a fleet's log is pods; skip them before parsing
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if entry.get("stage") != "ResponseComplete" or entry.get("verb") not in WRITE_VERBS:
-            continue
+    # Most of a fleet's log is pods: skip them before parsing.
+    relevant = (line for line in lines
+                if '"resource":"specdecodeservices"' in line or '"resource":"deployments"' in line)
+    for entry in _completed_writes(relevant):
         ref = entry.get("objectRef") or {}
         if ref.get("namespace") != namespace or not (200 <= (entry.get("responseStatus") or {}).get("code", 200) < 300):
             continue
