@@ -150,8 +150,8 @@ PRINTER_COLUMNS = [
     {"name": "Method", "type": "string", "jsonPath": ".spec.speculation.method", "description": "Speculative decoding method."},
     {"name": "K", "type": "integer", "jsonPath": ".status.speculation.k", "description": "num_speculative_tokens in effect; empty when speculation is off."},
     {"name": "Schedule", "type": "string", "jsonPath": ".status.speculation.schedule", "description": "Per-batch-size K schedule in effect (batch ranges:K); empty for plain K."},
-    {"name": "Acceptance", "type": "number", "jsonPath": ".status.observations.acceptanceRate", "description": "Accepted / drafted tokens over the last window."},
-    {"name": "P95", "type": "number", "jsonPath": ".status.observations.p95EndToEndSeconds", "description": "P95 end-to-end latency in seconds over the last window."},
+    {"name": "Acceptance", "type": "number", "jsonPath": ".status.observations.acceptanceRate", "description": "Accepted / drafted tokens of the last window written to status (written when acceptance falls beyond noise or rises by 0.1; Prometheus has the live series)."},
+    {"name": "P95", "type": "number", "jsonPath": ".status.observations.p95EndToEndSeconds", "description": "P95 end-to-end latency in seconds of the last window written to status (latency alone causes no write)."},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1, "description": "Ready vLLM pods."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -170,18 +170,58 @@ def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download(
     assert held.action is policy.Action.HOLD and "slower than staying" in held.reason
 
 
+def _stored_window(alpha, drafts, requests=None, low=None, overhead=None):
+    return api.Observations(config_hash="abc", alpha=alpha, recent_low_alpha=alpha if low is None else low,
+                            acceptance_rate=alpha * 0.8, drafts=drafts, requests=requests,
+                            schedule_overhead_seconds=overhead)
+
+
 def test_acceptance_moving_within_sampling_noise_is_not_written_but_a_real_drop_is():
     """A short window of a small service: alpha wanders by more than 0.02 with no change in
     the service (no write); a collapse is written at once."""
     from specdecode.control.evaluation import observations_moved
 
-    def window(alpha, drafts):
-        return api.Observations(config_hash="abc", alpha=alpha, recent_low_alpha=alpha, acceptance_rate=alpha * 0.8,
-                                drafts=drafts)
-
+    window = _stored_window
     assert not observations_moved(window(0.80, 2000), window(0.77, 2000))
     assert observations_moved(window(0.80, 2000), window(0.55, 2000))
     # a long window of a busy service measures finely: the fixed delta decides
     assert observations_moved(window(0.80, 2_000_000), window(0.77, 2_000_000))
     # without a sample count, the fixed delta decides too
     assert observations_moved(window(0.80, None), window(0.77, None))
+
+
+def test_a_window_of_few_requests_is_as_uncertain_as_its_requests_make_it():
+    """120 requests of 300 tokens: 36,000 drafted tokens measure alpha to +-0.004 if tokens
+    were independent, but each request has an acceptance of its own, so a fall of 0.03 is
+    within what two such windows differ by with no change in the service."""
+    from specdecode.control.evaluation import observations_moved
+
+    window = _stored_window
+    assert observations_moved(window(0.80, 36_000), window(0.77, 36_000))  # tokens alone: a real fall
+    assert not observations_moved(window(0.80, 36_000, requests=120), window(0.77, 36_000, requests=120))
+    assert observations_moved(window(0.80, 36_000, requests=120), window(0.70, 36_000, requests=120))
+
+
+def test_a_rise_is_written_only_when_the_stored_figure_would_mislead():
+    """A fall is what a restarted operator needs (new lows, what the draft paid); a rise
+    changes no decision the stored value drives, so +0.04 costs no write, +0.15 does (a
+    reader of `kubectl get sds` would be misled), and a rising recent low never does."""
+    from specdecode.control.evaluation import observations_moved
+
+    window = _stored_window
+    assert not observations_moved(window(0.76, 2_000_000), window(0.80, 2_000_000))
+    assert observations_moved(window(0.80, 2_000_000), window(0.76, 2_000_000))
+    assert observations_moved(window(0.60, 2_000_000), window(0.75, 2_000_000))
+    assert not observations_moved(window(0.80, 2_000_000, low=0.60), window(0.80, 2_000_000, low=0.70))
+    assert observations_moved(window(0.80, 2_000_000, low=0.70), window(0.80, 2_000_000, low=0.60))
+
+
+def test_a_new_schedule_calibration_is_written():
+    """The per-step schedule cost calibrated after a schedule rollout is what a restarted
+    operator prices schedules with: its first value and a real change are written."""
+    from specdecode.control.evaluation import observations_moved
+
+    window = _stored_window
+    assert observations_moved(window(0.8, 2000), window(0.8, 2000, overhead=0.0004))
+    assert not observations_moved(window(0.8, 2000, overhead=0.0004), window(0.8, 2000, overhead=0.00041))
+    assert observations_moved(window(0.8, 2000, overhead=0.0004), window(0.8, 2000, overhead=0.0008))
