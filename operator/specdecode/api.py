@@ -937,7 +937,9 @@ class Autotune(ApiModel):
         "vLLM may fall back from full to piecewise CUDA graphs, and the draft's weights and KV "
         "cache stay loaded even in ranges at K 0. After every schedule rollout the operator "
         "compares measured time per token with the plain K it replaced and reverts a schedule "
-        "that is clearly worse (remembered in status.rejectedSchedules). Off (the default: on "
+        "that is clearly worse (remembered in status.rejectedSchedules). In Recommend mode the "
+        "schedule it would adopt is advice (status.recommendation.schedule) and nothing restarts. "
+        "Off (the default: on "
         "the shipped benchmark suite schedules did not beat the plain policy) keeps plain K. A "
         "declared speculation.perBatchSizeK is always the user's fixed choice. Versions or "
         "methods whose vLLM drops the table run plain K (status.speculation.scheduleReason).",
@@ -1236,6 +1238,10 @@ class Recommendation(StatusModel):
     action: str = Field(description="hold, set_k, disable or enable.", max_length=32)
     enabled: bool = Field(description="Whether speculation should be on.")
     k: Optional[int] = Field(None, description="Recommended K.")
+    schedule: Optional[str] = Field(
+        None, description="Recommended per-batch-size K schedule (status.speculation.schedule's form; "
+        "autotune.schedules Auto); k is then its largest K. Absent for plain K.", max_length=256,
+    )
     reason: Redacted(2048) = Field("", description="Why, with numbers.", max_length=2048)
     predicted_speedup: Optional[float] = Field(
         None, description="Predicted speed of the recommendation relative to the current config."

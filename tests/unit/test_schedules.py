@@ -271,3 +271,30 @@ def test_a_surge_that_would_turn_speculation_off_adopts_a_schedule_and_the_calm_
         decision, state = step(settings, state, both(workload(rate), schedule, params=free, now=now), now)
         assert not decision.changes, (rate, decision.rule, decision.reason)
     assert state.schedule == schedule
+
+
+def test_recommend_mode_advises_the_schedule_auto_mode_would_adopt_and_changes_nothing():
+    """The surge of the test above in Recommend mode: the advice is the schedule (its label
+    in status.recommendation, a history line once), the service keeps running plain K=3."""
+    free = replace(TRUTH, draft_weight_tokens=0, draft_kv_ratio=0.0, schedule_overhead_s=0.0, spec_overhead_s=0.0)
+    settings = auto(prior=free, mode=api.AutotuneMode.RECOMMEND)
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                         batch_low=2.0, batch_high=3.0, observed_at=NOW - 60)
+    decision, after = step(settings, state, both(workload(36), 3, params=free), NOW)
+    assert decision.rule is Rule.SCHEDULE and decision.schedule is not None and not decision.applied, decision.reason
+    assert after.schedule is None and after.k == 3 and after.since == state.since
+    advice = decision.recommendation_status(NOW)
+    assert advice["schedule"] == decision.schedule.label and advice["k"] == decision.schedule.max_k
+    assert [e.to_schedule for e in after.history] == [decision.schedule.label]
+    assert after.schedule_note.endswith("(Recommend mode)")
+    # The same advice on the next evaluation adds no second history line.
+    again, later = step(settings, after, both(workload(36), 3, params=free, now=NOW + 60), NOW + 60)
+    assert again.schedule == decision.schedule and len(later.history) == 1
+
+
+def test_off_mode_chooses_no_schedule_and_says_so():
+    settings = auto(mode=api.AutotuneMode.OFF)
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    decision, after = step(settings, state, both(workload(30), 3), NOW)
+    assert decision.schedule is None and after.schedule is None
+    assert after.schedule_note == "autotune mode Off: no schedule is chosen"

@@ -198,6 +198,8 @@ class Decision:
         }
         if self.enabled and self.k is not None:
             out["k"] = self.k
+        if self.enabled and self.schedule is not None:
+            out["schedule"] = self.schedule.label
         speedup = self.predicted_speedup()
         if speedup is not None and math.isfinite(speedup):
             out["predictedSpeedup"] = round(speedup, 3)

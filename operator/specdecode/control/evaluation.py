@@ -203,7 +203,7 @@ def experimenting_condition(
 
 def _same_advice(a: api.Recommendation, b: api.Recommendation) -> bool:
     """The same advice (what to run), whatever numbers its reason quotes today."""
-    return (a.action, a.enabled, a.k) == (b.action, b.enabled, b.k)
+    return (a.action, a.enabled, a.k, a.schedule) == (b.action, b.enabled, b.k, b.schedule)
 
 
 # How far a new measurement must move from the stored one before it is worth an API write.

@@ -33,6 +33,9 @@ rules (`rules.decide`) have decided:
    ``REPLACE_GAIN`` of the time per token over the whole batch range (a fixed grid, the same
    whatever the load), so load swings alone never restart.
 
+In Recommend mode step 1 is advice (status.recommendation.schedule; not applied, so not paced
+by the cooldown or the change budget) and steps 2 and 3 do not run; Off mode chooses nothing.
+
 Where the vLLM version or the method drops tables (`render.features`), or the user declared
 a table, nothing is chosen and `ScheduleUpdate.note` says why (status.speculation.scheduleReason).
 """
@@ -147,9 +150,14 @@ def consider(
         return decision, ScheduleUpdate()
     if settings.schedules_unsupported:
         return decision, ScheduleUpdate(note=settings.schedules_unsupported)
-    if settings.mode is not AutotuneMode.AUTO:
-        return decision, ScheduleUpdate(note=f"autotune mode {settings.mode.value}: schedules are chosen in Auto mode")
-    if state.schedule is not None:
+    if settings.mode is AutotuneMode.OFF:
+        return decision, ScheduleUpdate(note="autotune mode Off: no schedule is chosen")
+    if settings.mode is AutotuneMode.RECOMMEND:
+        if state.schedule is not None:
+            # Left by Auto mode: Recommend acts on nothing, so it is neither checked nor reverted.
+            return decision, ScheduleUpdate(note="autotune mode Recommend: the schedule in effect is kept, not checked")
+        decision, update = _maybe_adopt(settings, state, observed, decision, now, advise=True)
+    elif state.schedule is not None:
         decision, update = _under_schedule(settings, state, observed, decision, now)
     else:
         decision, update = _maybe_adopt(settings, state, observed, decision, now)
@@ -198,15 +206,19 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
 
 
 def _maybe_adopt(
-    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float,
+    advise: bool = False,
 ) -> tuple[Decision, ScheduleUpdate]:
+    """A schedule instead of the rules' decision, when one pays (module doc, 1). With
+    ``advise`` (Recommend mode) the same choice is advice: not applied, and not held back by
+    the cooldown or the change budget, which pace restarts that advice does not make."""
     if not state.enabled or state.k is None or not _window_complete(settings, state, now):
         return decision, ScheduleUpdate()
-    instead = decision.changes and decision.applied and decision.rule in LOAD_RULES
+    instead = decision.changes and (decision.applied or advise) and decision.rule in LOAD_RULES
     if decision.changes and not instead:
         return decision, ScheduleUpdate()
     if not decision.changes:
-        if decision.rule not in SETTLED_RULES or not _restart_allowed(settings, state, now):
+        if decision.rule not in SETTLED_RULES or (not advise and not _restart_allowed(settings, state, now)):
             return decision, ScheduleUpdate()
     model = _model(settings, state, observed)
     if model is None:
@@ -282,9 +294,11 @@ def _maybe_adopt(
             )
         adopted = replace(
             decision, action=Action.SET_K, enabled=True, k=schedule.max_k, reason=reason[:1024],
-            rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=schedule,
+            rule=Rule.SCHEDULE, applied=not advise, held=None, wanted=None, schedule=schedule,
             step_scale=_clamped_scale(settings, state.k, est),
         )
+        if advise:
+            return adopted, ScheduleUpdate(note=f"recommended from batches {_batches_text(batches)} (Recommend mode)")
         return adopted, ScheduleUpdate(
             note=f"chosen from batches {_batches_text(batches)}",
             replaced_k=state.k, replaced_scale=_clamped_scale(settings, state.k, est),

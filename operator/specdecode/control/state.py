@@ -71,8 +71,8 @@ class ControlState:
     """The rendered engine config of the current choice (None until the reconcile renders it)."""
     history: tuple[HistoryEntry, ...] = ()
     """status.history, oldest first."""
-    advice: tuple[Action, bool, int | None] | None = None
-    """status.recommendation's (action, enabled, K): the advice last given."""
+    advice: tuple[Action, bool, int | None, str | None] | None = None
+    """status.recommendation's (action, enabled, K, schedule): the advice last given."""
     experiments: tuple[Experiment, ...] = ()
     """status.experiments, oldest first: the recent canary experiments; the last one runs
     while it has no end (`experiment`)."""
@@ -229,7 +229,7 @@ def from_status(
     advice = None
     if status.recommendation is not None:
         r = status.recommendation
-        advice = (Action(r.action) if r.action in _ACTIONS else Action.HOLD, r.enabled, r.k)
+        advice = (Action(r.action) if r.action in _ACTIONS else Action.HOLD, r.enabled, r.k, r.schedule)
     memory = dict(
         recent_low_alpha=earlier.recent_low_alpha if earlier else None,
         observed_at=timestamps.epoch_seconds_or_none(earlier.observed_at) if earlier else None,

@@ -58,7 +58,8 @@ def advance(
             # the acceptance last measured on this config stays the memory that the draft paid.
             last_alpha=stored(spec.alpha) if spec is not None and spec.alpha is not None else state.last_alpha,
         )
-    advice = (decision.action, decision.enabled, decision.k if decision.enabled else None)
+    advice = (decision.action, decision.enabled, decision.k if decision.enabled else None,
+              decision.schedule.label if decision.enabled and decision.schedule is not None else None)
     entry = history_entry(decision, now, state)
     if entry is not None and (decision.applied or advice != state.advice):
         new = replace(new, history=(new.history + (entry,))[-constants.MAX_DECISION_HISTORY:])
