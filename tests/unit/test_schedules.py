@@ -189,6 +189,39 @@ def test_the_revert_is_written_to_status_and_read_back():
     assert choice.per_batch_size is None and choice.k == 3
 
 
+
+def test_a_reconcile_keeps_the_schedule_the_loop_adopted():
+    """The reconcile renders the schedule status holds and rewrites status.speculation when
+    the rollout completes: it must carry the schedule over, or the next reconcile renders
+    plain K (a restart) and the loop forgets what it adopted (found by the e2e test)."""
+    from specdecode.control import status as cstatus
+
+    spec = api.parse_spec({
+        "model": {"name": "m"},
+        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
+        "replicas": 2, "autotune": {"schedules": "Auto"},
+    })
+    adopted = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW), cause="Policy",
+        spec_hash=cs.declared_speculation_hash(spec), schedule=SCHEDULE.label, schedule_replaced_k=3,
+        schedule_step_scale=1.2, schedule_reason="chosen from batches 2, 300",
+    ))
+    at = datetime.fromtimestamp(NOW + 30, timezone.utc)
+    for current in (adopted, None):
+        current = current or reconciled
+        choice, cause, reason = cs.choose(spec, current)
+        assert choice.per_batch_size == SCHEDULE.rows()
+        live = cstatus.RolloutState(exists=True, desired=2, replicas=2, updated=2, ready=2, available=2,
+                                    observed=True, config_matches=True)
+        outcome = cstatus.ReconcileOutcome(rollout=live, choice=choice, choice_cause=cause, choice_reason=reason,
+                                           config_hash="h", method="draft_model", selector="x=y")
+        reconciled = cstatus.next_status(current, outcome, spec, 1, at)
+        effective = reconciled.speculation
+        assert effective.live and effective.schedule == SCHEDULE.label
+        assert (effective.schedule_replaced_k, effective.schedule_step_scale) == (3, 1.2)
+        assert effective.schedule_reason == "chosen from batches 2, 300"
+    assert cs.from_status(reconciled, spec, at).schedule == SCHEDULE
+
 # --- support ---------------------------------------------------------------------------------------
 
 

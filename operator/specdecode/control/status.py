@@ -274,6 +274,15 @@ def next_status(
         live_since = earlier.live_since
     else:
         live_since = rfc3339(now)
+    # The schedule fields are the control loop's: a reconcile renders the schedule status
+    # holds (`state.choose`) and must not drop it, or the next reconcile renders plain K (a
+    # restart) and the loop forgets the schedule it adopted.
+    schedule: dict = {}
+    if earlier is not None:
+        schedule["schedule_reason"] = earlier.schedule_reason
+        if choice.per_batch_size and earlier.schedule and not spec.speculation.per_batch_size_k:
+            schedule.update(schedule=earlier.schedule, schedule_replaced_k=earlier.schedule_replaced_k,
+                            schedule_step_scale=earlier.schedule_step_scale)
     effective = api.EffectiveSpeculation(
         enabled=choice.enabled,
         method=outcome.method,
@@ -285,6 +294,7 @@ def next_status(
         live=live,
         live_since=live_since,
         spec_hash=declared_speculation_hash(spec),
+        **schedule,
     )
     return current.model_copy(
         update={
