@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Optional
+from typing import Optional, Sequence
 
 from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
@@ -211,6 +211,14 @@ def active_failures(
     return keep
 
 
+def excluded_ks(spec: api.SpecDecodeServiceSpec, remembered: Sequence[api.FailedConfig]) -> frozenset[int]:
+    """The Ks not to run while ``remembered`` (the active start-up failures) is not empty:
+    every K, since the known causes (vocabulary, memory, method) fail for every K alike;
+    none when speculation may not be turned off (the service is Degraded instead)."""
+    s = spec.speculation
+    return frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
+
+
 def from_status(
     status: api.SpecDecodeServiceStatus,
     spec: api.SpecDecodeServiceSpec,
@@ -221,9 +229,7 @@ def from_status(
     effective = status.speculation
     # While a speculative config that could not start is remembered, no K is tried: the
     # known causes (vocabulary, memory, method) fail for every K alike.
-    remembered = active_failures(status, spec, generation, now)
-    s = spec.speculation
-    excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
+    excluded = excluded_ks(spec, active_failures(status, spec, generation, now))
     earlier = status.observations
     history = history_from_status(r.to_wire() for r in status.history)
     advice = None
