@@ -98,6 +98,10 @@ class ControlState:
     batch_high: float | None = None
     """status.observations.recentPeakRunningRequests: the largest running batch of a replica
     seen lately (a new peak at once, forgotten over hours): the top of that range."""
+    below_floor_since: float | None = None
+    """status.speculation.belowFloorSince: since when the guard window of the running config
+    has shown acceptance confidently below the floor at every evaluation (None: the last one
+    did not). The collapse guard acts on a second such window (`rules`)."""
 
     @property
     def experiment(self) -> Experiment | None:
@@ -271,6 +275,7 @@ def from_status(
             r.schedule for r in status.rejected_schedules if r.spec_hash in (None, spec_hash)
         ),
         schedule_note=effective.schedule_reason,
+        below_floor_since=timestamps.epoch_seconds_or_none(effective.below_floor_since),
         batch_low=earlier.recent_low_running_requests if earlier else None,
         batch_high=earlier.recent_peak_running_requests if earlier else None,
     )
@@ -329,6 +334,9 @@ def to_status(
         "schedule_replaced_k": state.schedule_replaced_k if label else None,
         "schedule_step_scale": (
             None if not label or state.schedule_step_scale is None else round(state.schedule_step_scale, 4)
+        ),
+        "below_floor_since": (
+            None if state.below_floor_since is None else timestamps.rfc3339(state.below_floor_since)
         ),
     })
     observations = status.observations
