@@ -219,6 +219,13 @@ def _start(
     candidate_hash = policy.config_hash(candidate_k)
     candidate = policy.describe(candidate_k)
     wanted = decision.rule if decision.changes else None
+    if decision.below_floor:
+        # The collapse guard may change the running config at the next evaluation: a canary
+        # started now would be cancelled then, its start-up and the borrowed replica's wasted.
+        return _experiment_hold(decision, state, (
+            f"{decision.reason}; no canary experiment with {candidate} while the short window shows "
+            f"acceptance below the floor (the collapse guard decides first); keeping {label(state.config)}"),
+            wanted), state
     lost = _lost_lately(settings, state, candidate_hash, at)
     if lost is not None:
         last, losses, retry_at = lost
