@@ -1161,6 +1161,14 @@ class EffectiveSpeculation(StatusModel):
         description="Measured / prior step time of the plain K the schedule replaced: the "
         "calibration the schedule's after-rollout check predicts that plain K with.",
     )
+    below_floor_since: Optional[str] = Field(
+        None,
+        description="When the short (guard) window of this config first showed acceptance "
+        "confidently below autotune.acceptanceFloor, in evaluations that have all shown it since "
+        "(RFC 3339); absent when the last evaluation did not. The collapse guard turns speculation "
+        "off once a later window, mostly new data, still shows it: a shorter dip is not a collapse.",
+        max_length=64,
+    )
 
 
 class Observations(StatusModel):

@@ -132,6 +132,21 @@ def test_a_tune_move_starts_a_change_experiment_for_the_predicted_k():
     assert results[0][1].decision.wanted is Rule.TUNE and status.speculation.k == 8
 
 
+def test_no_canary_starts_while_the_collapse_guard_weighs_a_short_window_below_the_floor():
+    # It would be cancelled at the next evaluation if the guard confirms a collapse.
+    from specdecode.control import canary
+    from specdecode.control.rules import decide
+
+    settings = PolicySettings.from_spec(SPEC, restart_s=ROLLOUT_S)
+    state = cs.from_status(live_status(SPEC, 8), SPEC, _dt(NOW))
+    observed = both(LOW, 8)
+    tune = decide(settings, state, observed, state.history, NOW)
+    assert tune.changes and tune.rule is Rule.TUNE
+    decision, after = canary.run(settings, state, replace(tune, below_floor=True), observed, None, NOW)
+    assert (decision.action, decision.held, decision.wanted) == (Action.HOLD, Held.EXPERIMENT, Rule.TUNE)
+    assert after.experiment is None and "the collapse guard decides first" in decision.reason
+
+
 # --- verdicts ------------------------------------------------------------------------------------
 
 

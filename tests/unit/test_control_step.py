@@ -256,3 +256,26 @@ def test_a_window_without_drafts_keeps_the_memory_that_the_draft_paid_across_a_r
     written = cs.to_status(state, status, SPEC, observation=idle_window, max_history=C.MAX_DECISION_HISTORY)
     assert written.observations.alpha is None and written.observations.last_alpha == 0.8
     assert cs.from_status(written, SPEC, _dt(NOW)).last_alpha == 0.8
+
+
+def test_the_collapse_evidence_lasts_while_every_evaluation_shows_it_and_survives_a_restart():
+    """status.speculation.belowFloorSince: set by the first evaluation whose guard window is
+    below the floor, kept by the next ones that are, dropped by one that is not (a dip) and by
+    a change of config."""
+    from specdecode.control.step import advance
+
+    settings_ = PolicySettings.from_spec(SPEC, restart_s=ROLLOUT_S)
+    state = cs.from_status(_live_status(), SPEC, _dt(NOW))
+    fine = decide(settings_, state, both(GOOD, 3), (), NOW)
+    assert not fine.changes and not fine.below_floor
+    low = replace(fine, below_floor=True)
+    first = advance(state, low, None, settings_.min_drafts, NOW)
+    second = advance(first, low, None, settings_.min_drafts, NOW + 60)
+    assert first.below_floor_since == second.below_floor_since == NOW
+    assert advance(second, fine, None, settings_.min_drafts, NOW + 120).below_floor_since is None
+    off = replace(low, action=Action.DISABLE, enabled=False, k=None, applied=True)
+    assert advance(second, off, None, settings_.min_drafts, NOW + 120).below_floor_since is None
+
+    written = cs.to_status(second, _live_status(), SPEC, max_history=C.MAX_DECISION_HISTORY)
+    assert written.speculation.below_floor_since == timestamps.rfc3339(NOW)
+    assert cs.from_status(written, SPEC, _dt(NOW + 90)).below_floor_since == NOW

@@ -197,3 +197,61 @@ def test_the_plan_sets_the_tests_thresholds_and_the_spec_its_slo():
     }).spec
     settings = settings_from_spec(spec, CanaryPlan(max_duration_s=3600, min_requests=500, min_effect=0.05))
     assert (settings.max_duration_s, settings.min_requests, settings.min_effect, settings.tpot_p95_slo_s) == (3600.0, 500.0, 0.05, 0.05)
+
+
+# --- cancel_reason: the one check of the control step and of the reconcile ---------------------------
+
+from specdecode.control.experiments import cancel_reason  # noqa: E402
+from specdecode.render.workload import SpeculationChoice, config_hash  # noqa: E402
+
+
+def cancel_spec(replicas: int = 3, **overrides) -> api.SpecDecodeServiceSpec:
+    speculation = {"method": "draft_model", "draftModel": "meta-llama/Llama-3.2-1B-Instruct",
+                   "numSpeculativeTokens": 3, "minK": 1, "maxK": 8}
+    body = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "speculation": speculation,
+            "replicas": replicas}
+    for key, value in overrides.items():
+        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
+    return api.parse_spec(body)
+
+
+def running_on(spec: api.SpecDecodeServiceSpec, candidate_k: int | None, incumbent_k: int | None = 3) -> Experiment:
+    """A running experiment of ``candidate_k`` (None: off) against ``incumbent_k`` under ``spec``."""
+    candidate = "off" if candidate_k is None else f"draft_model K={candidate_k}"
+    return Experiment(Purpose.CHANGE, candidate,
+                      config_hash(spec, SpeculationChoice(k=candidate_k)),
+                      config_hash(spec, SpeculationChoice(k=incumbent_k)), started_at=0.0, candidate_k=candidate_k)
+
+
+def test_an_experiment_the_spec_still_allows_goes_on():
+    spec = cancel_spec()
+    running = running_on(spec, 5)
+    assert cancel_reason(spec, running, running.incumbent_hash) is None
+    assert cancel_reason(spec, running, None) is None  # the running config not known yet: no verdict on it
+
+
+@pytest.mark.parametrize("edit, candidate_k, excluded, expected", [
+    ({"autotune": {"mode": "Recommend"}}, 5, (), "spec.autotune.mode is Recommend: experiments run in Auto mode only"),
+    ({"autotune": {"mode": "Off"}}, 5, (), "spec.autotune.mode is Off"),
+    ({"autotune": {"experiments": {"enabled": False}}}, 5, (), "the canary cannot run: experiments are turned off"),
+    ({"replicas": 1}, 5, (), "the canary cannot run: a capacity-neutral canary of 1 replica(s) needs spec.replicas >= 2"),
+    ({"engine": {"maxNumSeqs": 64}}, 5, (), "the spec changed the candidate's engine config"),
+    ({"speculation": {"maxK": 4}}, 5, (), "spec.speculation no longer allows draft_model K=5"),
+    ({"speculation": {"allowDisable": False}}, None, (), "spec.speculation no longer allows off"),
+    ({}, 5, (1, 2, 3, 4, 5, 6, 7, 8), "spec.speculation no longer allows draft_model K=5"),
+])
+def test_each_change_of_the_spec_that_no_longer_allows_the_experiment_says_why(edit, candidate_k, excluded, expected):
+    running = running_on(cancel_spec(), candidate_k)
+    edited = cancel_spec(**edit)
+    # The running config as the edited spec renders it (an engine edit moves every hash alike).
+    running_hash = config_hash(edited, SpeculationChoice(k=3)) if "engine" not in edit else running.incumbent_hash
+    reason = cancel_reason(edited, running, running_hash, frozenset(excluded))
+    assert reason is not None and reason.startswith(expected)
+
+
+def test_a_running_config_other_than_the_one_compared_with_cancels():
+    spec = cancel_spec()
+    running = running_on(spec, 5)
+    moved = config_hash(spec, SpeculationChoice(k=None))
+    reason = cancel_reason(spec, running, moved)
+    assert reason is not None and f"{running.incumbent_hash} -> {moved}" in reason

@@ -191,10 +191,14 @@ def test_warmup_holds_even_on_collapse():
 
 
 def test_guard_acts_before_the_long_window_is_complete():
-    # Live for warm-up + guard window but not yet a full long window.
+    # Live for warm-up + guard window but not yet a full long window: the first low window
+    # turns speculation off through the fast fallback (the model: off is far faster); once an
+    # earlier window showed it too, through the collapse guard.
     state = on(3, live=NOW - 120 - 80)
-    decision = rules.decide(auto(), state, both(COLLAPSED, 3), (), NOW)
-    assert decision.action is Action.DISABLE and decision.rule == "collapse"
+    first = rules.decide(auto(), state, both(COLLAPSED, 3), (), NOW)
+    assert first.action is Action.DISABLE and first.rule == "fast-fallback" and first.below_floor
+    confirmed = rules.decide(auto(), replace(state, below_floor_since=NOW - 60), both(COLLAPSED, 3), (), NOW)
+    assert confirmed.action is Action.DISABLE and confirmed.rule == "collapse"
 
 
 def test_not_enough_requests_holds():
@@ -238,7 +242,33 @@ def test_floor_without_allow_disable_goes_to_min_k():
 def test_collapse_seen_in_the_short_window_first():
     long = observe(LOW, 3, 300, alpha=0.6)  # the long window still mixes before/after
     short = observe(LOW, 3, 75, alpha=0.15)
-    decision = rules.decide(auto(), on(3), PolicyObservations.of(long, short), (), NOW)
+    state = replace(on(3), below_floor_since=NOW - 60)  # the previous evaluation saw it too
+    decision = rules.decide(auto(), state, PolicyObservations.of(long, short), (), NOW)
+    assert decision.action is Action.DISABLE and decision.rule == "collapse"
+
+
+# Near break-even (K=1) a short window below the floor is not worth the fast fallback's margin:
+# only the collapse guard could act on it, and it waits for a second window.
+NEAR_BREAK_EVEN = PolicyObservations.of(observe(LOW, 1, 300, alpha=0.5), observe(LOW, 1, 75, alpha=0.3))
+
+
+def test_one_short_window_below_the_floor_is_a_dip_not_yet_a_collapse():
+    decision = rules.decide(auto(), on(1), NEAR_BREAK_EVEN, (), NOW)
+    assert decision.action is Action.HOLD and decision.below_floor
+    assert "a collapse once a later window shows it too, a dip if not" in decision.reason
+
+
+@pytest.mark.parametrize("seen_for, collapse", [(30.0, False), (37.5, True), (60.0, True)])
+def test_a_second_short_window_mostly_of_new_data_confirms_the_collapse(seen_for, collapse):
+    # Evaluations 60 s apart, a 75 s guard window: the next evaluation's window is 60 s new.
+    state = replace(on(1), below_floor_since=NOW - seen_for)
+    decision = rules.decide(auto(), state, NEAR_BREAK_EVEN, (), NOW)
+    assert decision.below_floor
+    assert (decision.action, decision.rule) == ((Action.DISABLE, "collapse") if collapse else (Action.HOLD, "hold"))
+
+
+def test_the_long_window_below_the_floor_confirms_the_short_one_at_once():
+    decision = rules.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
     assert decision.action is Action.DISABLE and decision.rule == "collapse"
 
 

@@ -34,7 +34,9 @@ from specdecode import constants
 from specdecode.api import AutotuneMode
 from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import PolicyObservations
-from specdecode.control.experiments import Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor
+from specdecode.control.experiments import (
+    Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor, cancel_reason,
+)
 from specdecode.control.explain import fmt_s, label
 from specdecode.control.metrics import Observation
 from specdecode.control.settings import PolicySettings
@@ -61,7 +63,7 @@ def run(
     at = float(math.floor(now))
     running = state.experiment
     if running is not None:
-        why = _cancel_reason(settings, policy, state, running, decision)
+        why = _cancel_reason(policy, state, running, decision)
         if why is None:
             assert policy is not None  # no policy cancels
             return _measure(settings, policy, state, running, decision, observed, canary, at)
@@ -96,31 +98,17 @@ def promoted_lately(state: ControlState) -> bool:
 
 
 def _cancel_reason(
-    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState,
-    running: Experiment, decision: Decision,
+    policy: Optional[ExperimentPolicy], state: ControlState, running: Experiment, decision: Decision,
 ) -> Optional[str]:
-    """Why the running experiment cannot go on (None: it goes on)."""
-    if settings.mode is not AutotuneMode.AUTO:
-        return f"autotune.mode is {settings.mode.value}: experiments run in Auto mode only"
+    """Why the running experiment cannot go on (None: it goes on): the spec no longer allows
+    it (`experiments.cancel_reason`, the reconcile's check too), or a safety move changes the
+    running config now."""
     if policy is None:
         return "experiments are turned off"
-    if policy.blocker is not None:
-        return f"the canary cannot run: {policy.blocker}"
-    if decision.changes and decision.applied and decision.rule not in CANARIED_RULES:
-        return f"the running config changes at once (rule {decision.rule.value}): {decision.reason}"
-    if running.candidate_hash != policy.config_hash(running.candidate_k):
-        return "the spec changed the candidate's engine config"
-    if state.config_hash is not None and state.config_hash != running.incumbent_hash:
-        return f"the running config changed (config hash {running.incumbent_hash} -> {state.config_hash})"
-    if not _allowed(settings, state, running.candidate_k):
-        return f"spec.speculation no longer allows {running.candidate}"
-    return None
-
-
-def _allowed(settings: PolicySettings, state: ControlState, candidate_k: Optional[int]) -> bool:
-    if candidate_k is None:
-        return settings.allow_disable
-    return settings.min_k <= candidate_k <= settings.max_k and candidate_k not in state.excluded_ks
+    why = cancel_reason(policy.spec, running, state.config_hash, state.excluded_ks)
+    if why is None and decision.changes and decision.applied and decision.rule not in CANARIED_RULES:
+        why = f"the running config changes at once (rule {decision.rule.value}): {decision.reason}"
+    return why
 
 
 def _window_due(settings: PolicySettings, policy: ExperimentPolicy, running: Experiment, at: float) -> bool:
@@ -231,6 +219,13 @@ def _start(
     candidate_hash = policy.config_hash(candidate_k)
     candidate = policy.describe(candidate_k)
     wanted = decision.rule if decision.changes else None
+    if decision.below_floor:
+        # The collapse guard may change the running config at the next evaluation: a canary
+        # started now would be cancelled then, its start-up and the borrowed replica's wasted.
+        return _experiment_hold(decision, state, (
+            f"{decision.reason}; no canary experiment with {candidate} while the short window shows "
+            f"acceptance below the floor (the collapse guard decides first); keeping {label(state.config)}"),
+            wanted), state
     lost = _lost_lately(settings, state, candidate_hash, at)
     if lost is not None:
         last, losses, retry_at = lost

@@ -163,6 +163,10 @@ class Decision:
     schedule: Schedule | None = None
     """The per-batch-size K schedule decided (``k`` is its largest K); None: plain K. Any
     decision without one leaves a running schedule for plain K."""
+    below_floor: bool = False
+    """The short (guard) window showed acceptance confidently below the floor in this
+    evaluation: the collapse guard's evidence, remembered (`ControlState.below_floor_since`)
+    until an evaluation does not show it."""
 
     @property
     def config(self) -> int:

@@ -377,6 +377,39 @@ class ExperimentPolicy:
         return workload.SpeculationChoice(k=candidate_k).describe(self.spec.speculation.method.value)
 
 
+def cancel_reason(
+    spec: "api.SpecDecodeServiceSpec", running: "Experiment", running_hash: Optional[str],
+    excluded_ks: frozenset[int] = frozenset(),
+) -> Optional[str]:
+    """Why the spec no longer allows the running experiment (None: it goes on). The one check
+    of the control step (`control.canary`) and of the reconcile (`shell.experiments`), which
+    runs it before anything is applied, so a canary never runs a config its record does not
+    name and the main Deployment never lends a replica it does not have.
+
+    ``running_hash`` is the config hash of the main Deployment's config (None: not known
+    yet); ``excluded_ks``, the Ks whose pods could not start (`state.excluded_ks`)."""
+    mode = spec.autotune.mode
+    if mode != api.AutotuneMode.AUTO:
+        return f"spec.autotune.mode is {mode.value}: experiments run in Auto mode only"
+    blocker = CanaryPlan.from_spec(spec).blocker(spec)
+    if blocker is not None:
+        return f"the canary cannot run: {blocker}"
+    if workload.config_hash(spec, workload.SpeculationChoice(k=running.candidate_k)) != running.candidate_hash:
+        return "the spec changed the candidate's engine config: what was measured no longer applies"
+    if running_hash is not None and running_hash != running.incumbent_hash:
+        return (f"the running config changed (config hash {running.incumbent_hash} -> {running_hash}): "
+                "the canary no longer runs beside the config it was compared with")
+    speculation = spec.speculation
+    if running.candidate_k is None:
+        allowed = speculation.allow_disable
+    else:
+        allowed = (speculation.min_k <= running.candidate_k <= speculation.max_k
+                   and running.candidate_k not in excluded_ks)
+    if not allowed:
+        return f"spec.speculation no longer allows {running.candidate}"
+    return None
+
+
 def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = CanaryPlan()) -> ExperimentSettings:
     """The test's settings: the plan's thresholds and the spec's latency SLOs."""
     slo = spec.autotune.slo

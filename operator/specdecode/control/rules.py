@@ -24,8 +24,12 @@ Order of the rules (the first that applies decides):
      the guard holds (a restart would take a replica away while it is needed most) and leaves
      it to the tuning rule, which moves to a higher-capacity config only if that repays the
      restart.
-   - Acceptance collapse: alpha confidently below the floor on the guard window and the model
-     agrees that less speculation is better -> off (minK when disabling is not allowed).
+   - Acceptance collapse: alpha confidently below the floor on the guard window, confirmed by
+     a second window (the guard window of an evaluation at least half a guard window earlier,
+     every evaluation since showing it too, or the long window), and the model agrees that
+     less speculation is better -> off (minK when disabling is not allowed). One window is
+     not enough: real acceptance dips below the floor for a minute and comes back, and each
+     such fallback costs a restart there and another back.
      The floor is the user's hard rule: no restart price applies, with one exception: with
      maxSurge 0, while the load is above ``restart_max_rollout_load`` of what the replicas
      left serving carry and the rollout would not repay itself over the guard horizon, the
@@ -209,6 +213,19 @@ def _decide(ctx: _Context) -> Decision:
     if health is not None:
         return health
 
+    below = _below_floor_on_guard(ctx)
+    decision = _decide_on_windows(ctx, below)
+    if not below:
+        return decision
+    if not decision.changes and not _collapse_confirmed(ctx):
+        decision = replace(decision, reason=f"{decision.reason}; {_unconfirmed_note(ctx)}")
+    return replace(decision, below_floor=True)
+
+
+def _decide_on_windows(ctx: _Context, below_floor: bool) -> Decision:
+    """The rules that read the windows (4 to 9), ``below_floor`` the guard window's evidence
+    (`_below_floor_on_guard`)."""
+    s, state = ctx.settings, ctx.state
     obs_long, obs_guard = ctx.observed.window, ctx.observed.guard
     ready_at = state.live_since + s.warmup_s  # type: ignore[operator]
     guard_ready = ctx.now >= ready_at + s.guard_window_s
@@ -217,7 +234,7 @@ def _decide(ctx: _Context) -> Decision:
 
     # --- fast guards (short window; bypass the cooldown) ---
     if state.enabled and guard_ready and obs_guard is not None:
-        guard_decision = _guards(ctx, obs_guard, flags)
+        guard_decision = _guards(ctx, obs_guard, flags, below_floor)
         if guard_decision is not None:
             return guard_decision
 
@@ -247,9 +264,8 @@ def _decide(ctx: _Context) -> Decision:
     # --- acceptance floor on the long window (the user's hard rule: no price check) ---
     # Unless the short window, newer, shows acceptance confidently back above the floor:
     # then the long window's low acceptance is the past, not the present.
-    if state.enabled and est.alpha_pooled is not None and est.alpha_stderr is not None:
-        upper = est.alpha_pooled + ctx.tuning.confidence_z * est.alpha_stderr
-        if upper < s.acceptance_floor and not _recovered(ctx, obs_guard):
+    if state.enabled and est.alpha_pooled is not None:
+        if _confidently_below_floor(ctx, est) and not _recovered(ctx, obs_guard):
             preds = predict(calibration, est, ks, ctx.current, s)
             target = OFF if s.allow_disable else s.min_k
             if target != ctx.current:
@@ -281,6 +297,58 @@ def _recovered(ctx: _Context, obs_guard: Observation | None) -> bool:
     if short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
         return False
     return short.alpha_pooled - ctx.tuning.confidence_z * short.alpha_stderr > s.acceptance_floor
+
+
+def _below_floor_on_guard(ctx: _Context) -> bool:
+    """The short (guard) window shows acceptance confidently below the floor, with the guard's
+    sample minimums: the collapse guard's evidence (speculation on, the window after the
+    config's warm-up)."""
+    s, state, obs = ctx.settings, ctx.state, ctx.observed.guard
+    if not state.enabled or state.live_since is None or obs is None or obs.idle:
+        return False
+    if ctx.now < state.live_since + s.warmup_s + s.guard_window_s:
+        return False
+    est = ctx.estimate(obs)
+    if _samples_hold(ctx, est, s.guard_window_s / s.window_s, _metrics_flags(ctx)) is not None:
+        return False
+    return _confidently_below_floor(ctx, est)
+
+
+def _collapse_confirmed(ctx: _Context) -> bool:
+    """The guard window's low acceptance is a collapse, not a dip: a second window shows it
+    too. Either an earlier evaluation's guard window did, at least half a guard window ago (so
+    most of today's window is data that one did not see) and every evaluation since; or the
+    long window, after the config's warm-up, is confidently below the floor as well.
+
+    Acceptance dips below the floor for a minute or so on real traffic (a burst of unusual
+    requests); turning speculation off for each dip costs a restart, and turning it back on
+    another. A collapse lasts: waiting for the second window costs one evaluation."""
+    s, state = ctx.settings, ctx.state
+    since = state.below_floor_since
+    if since is not None and ctx.now - since >= s.guard_window_s / 2.0:
+        return True
+    obs = ctx.observed.window
+    live = state.live_since
+    if obs is None or obs.idle or live is None or ctx.now < live + s.warmup_s + s.window_s:
+        return False
+    est = ctx.estimate(obs)
+    if _samples_hold(ctx, est, 1.0, _metrics_flags(ctx)) is not None:
+        return False
+    return _confidently_below_floor(ctx, est)
+
+
+def _confidently_below_floor(ctx: _Context, est: Estimate) -> bool:
+    """The window's acceptance is below the floor by more than its noise (z standard errors)."""
+    return (est.alpha_pooled is not None and est.alpha_stderr is not None
+            and est.alpha_pooled + ctx.tuning.confidence_z * est.alpha_stderr < ctx.settings.acceptance_floor)
+
+
+def _unconfirmed_note(ctx: _Context) -> str:
+    """What the decision says while the guard window is below the floor and no change came of it."""
+    s, since = ctx.settings, ctx.state.below_floor_since
+    seen = "first seen in this window" if since is None else f"seen for {fmt_s(ctx.now - since)}"
+    return (f"acceptance below the floor {s.acceptance_floor:.2f} on the {fmt_s(s.guard_window_s)} window "
+            f"({seen}): a collapse once a later window shows it too, a dip if not")
 
 
 def _bounds_rule(ctx: _Context) -> Decision | None:
@@ -434,8 +502,11 @@ def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bo
     return False
 
 
-def _guards(ctx: _Context, obs: Observation, flags: Condition) -> Decision | None:
-    """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window)."""
+def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool) -> Decision | None:
+    """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window).
+    ``below_floor``: the window's acceptance is confidently below the floor
+    (`_below_floor_on_guard`); the collapse guard acts once that is confirmed
+    (`_collapse_confirmed`)."""
     s, t = ctx.settings, ctx.tuning
     if obs.idle:
         return None
@@ -453,17 +524,13 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition) -> Decision | Non
         breaches.append(f"P95 e2e {fmt_s(est.e2e_p95_s)} > SLO {fmt_s(s.slo_e2e_s)}")
     if s.slo_tpot_s is not None and est.tpot_p95_s is not None and est.tpot_p95_s > s.slo_tpot_s:
         breaches.append(f"P95 TPOT {fmt_s(est.tpot_p95_s)} > SLO {fmt_s(s.slo_tpot_s)}")
-    below_floor = (
-        est.alpha_pooled is not None
-        and est.alpha_stderr is not None
-        and est.alpha_pooled + t.confidence_z * est.alpha_stderr < s.acceptance_floor
-    )
+    collapse = below_floor and _collapse_confirmed(ctx)
     live = ctx.state.live_since or 0.0
     long_ready = ctx.now >= live + s.warmup_s + s.window_s
     # The fast fallback looks for what the long window cannot see yet: a probe on trial, a
     # config too young for a full window, or a shift of acceptance or load.
     fast = ctx.in_probe_trial or not long_ready or _shifted(ctx, est, ctx.observed.window)
-    if not (breaches or below_floor or fast):
+    if not (breaches or collapse or fast):
         return None
 
     calibration, scale = ctx.calibrated(est)
@@ -486,8 +553,8 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition) -> Decision | Non
             if decision.changes or decision.rule is not Rule.SLO_GUARD:
                 return decision
 
-    # Acceptance collapse: confidently below the floor, and the model agrees.
-    if below_floor and est.alpha_pooled is not None:
+    # Acceptance collapse: confidently below the floor on two windows, and the model agrees.
+    if collapse and est.alpha_pooled is not None:
         target = OFF if s.allow_disable else s.min_k
         if target in preds and target != current:
             if preds[target].score > cur.score:

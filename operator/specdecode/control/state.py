@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Optional
+from typing import Optional, Sequence
 
 from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
@@ -98,6 +98,10 @@ class ControlState:
     batch_high: float | None = None
     """status.observations.recentPeakRunningRequests: the largest running batch of a replica
     seen lately (a new peak at once, forgotten over hours): the top of that range."""
+    below_floor_since: float | None = None
+    """status.speculation.belowFloorSince: since when the guard window of the running config
+    has shown acceptance confidently below the floor at every evaluation (None: the last one
+    did not). The collapse guard acts on a second such window (`rules`)."""
 
     @property
     def experiment(self) -> Experiment | None:
@@ -211,6 +215,14 @@ def active_failures(
     return keep
 
 
+def excluded_ks(spec: api.SpecDecodeServiceSpec, remembered: Sequence[api.FailedConfig]) -> frozenset[int]:
+    """The Ks not to run while ``remembered`` (the active start-up failures) is not empty:
+    every K, since the known causes (vocabulary, memory, method) fail for every K alike;
+    none when speculation may not be turned off (the service is Degraded instead)."""
+    s = spec.speculation
+    return frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
+
+
 def from_status(
     status: api.SpecDecodeServiceStatus,
     spec: api.SpecDecodeServiceSpec,
@@ -221,9 +233,7 @@ def from_status(
     effective = status.speculation
     # While a speculative config that could not start is remembered, no K is tried: the
     # known causes (vocabulary, memory, method) fail for every K alike.
-    remembered = active_failures(status, spec, generation, now)
-    s = spec.speculation
-    excluded = frozenset(range(s.min_k, s.max_k + 1)) if remembered and s.allow_disable else frozenset()
+    excluded = excluded_ks(spec, active_failures(status, spec, generation, now))
     earlier = status.observations
     history = history_from_status(r.to_wire() for r in status.history)
     advice = None
@@ -265,6 +275,7 @@ def from_status(
             r.schedule for r in status.rejected_schedules if r.spec_hash in (None, spec_hash)
         ),
         schedule_note=effective.schedule_reason,
+        below_floor_since=timestamps.epoch_seconds_or_none(effective.below_floor_since),
         batch_low=earlier.recent_low_running_requests if earlier else None,
         batch_high=earlier.recent_peak_running_requests if earlier else None,
     )
@@ -323,6 +334,9 @@ def to_status(
         "schedule_replaced_k": state.schedule_replaced_k if label else None,
         "schedule_step_scale": (
             None if not label or state.schedule_step_scale is None else round(state.schedule_step_scale, 4)
+        ),
+        "below_floor_since": (
+            None if state.below_floor_since is None else timestamps.rfc3339(state.below_floor_since)
         ),
     })
     observations = status.observations

@@ -58,6 +58,10 @@ def advance(
             # the acceptance last measured on this config stays the memory that the draft paid.
             last_alpha=stored(spec.alpha) if spec is not None and spec.alpha is not None else state.last_alpha,
         )
+    # The collapse guard's evidence: kept while every evaluation shows it, dropped by one that
+    # does not (a dip ends it) and by a change of config below.
+    since = (state.below_floor_since if state.below_floor_since is not None else now) if decision.below_floor else None
+    new = replace(new, below_floor_since=since)
     advice = (decision.action, decision.enabled, decision.k if decision.enabled else None,
               decision.schedule.label if decision.enabled and decision.schedule is not None else None)
     entry = history_entry(decision, now, state)
@@ -73,5 +77,6 @@ def advance(
             cause=Cause.POLICY,
             config_hash=None,
             last_alpha=None,
+            below_floor_since=None,
         )
     return replace(new, advice=advice)

@@ -181,7 +181,9 @@ class Controller:
             served = self.kube.is_served(render.PODMONITOR_API_VERSION, "PodMonitor")
             config = render.config_hash(service.spec, choice)
             record = experiments.running_record(remembered)
-            cancel = experiment_shell.cancel_reason(service.spec, record, config) if record is not None else None
+            cancel = None if record is None else experiments.cancel_reason(
+                service.spec, experiments.Experiment.from_record(record), config,
+                cs.excluded_ks(service.spec, remembered.failed_configs))
             canary = experiment_shell.canary_for(service.spec, record) if cancel is None else None
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served, canary=canary)
         except (api.SpecError, render.RenderError) as err:

@@ -3,8 +3,10 @@ shell ends an experiment from outside its test.
 
 The evaluator ends experiments by their test (promote, abort) in the control loop's status
 write. The shell ends one when the canary cannot run what the record says: its pods cannot
-start, the spec changed what is tested, or the service can no longer lend the canary its
-replicas. Every such end goes through `cancel_running_experiment`: one status write (the
+start, or the spec no longer allows the experiment (`control.experiments.cancel_reason`, the
+control step's check too: checked before anything is applied, so a canary never runs a
+config its record does not name and the main Deployment never lends a replica it does not
+have). Every such end goes through `cancel_running_experiment`: one status write (the
 record ended Cancelled with the reason), one Warning Event, the experiments counter.
 """
 
@@ -33,22 +35,6 @@ def canary_for(spec: api.SpecDecodeServiceSpec, record: Optional[api.ExperimentR
         return None
     plan = experiments.CanaryPlan.from_spec(spec)
     return render.Canary(candidate=candidate_of(record), replicas=plan.replicas, main_replicas=plan.main_replicas(spec))
-
-
-def cancel_reason(spec: api.SpecDecodeServiceSpec, record: api.ExperimentRecord, incumbent_hash: str) -> Optional[str]:
-    """Why the running experiment cannot go on with this spec (None: it can). Checked before
-    anything is applied, so a canary never runs a config its record does not name and the main
-    Deployment never lends a replica it does not have."""
-    if spec.autotune.mode != api.AutotuneMode.AUTO:
-        return f"spec.autotune.mode is {spec.autotune.mode.value}: experiments run only in Auto mode"
-    blocker = experiments.CanaryPlan.from_spec(spec).blocker(spec)
-    if blocker is not None:
-        return f"the service can no longer run a canary: {blocker}"
-    if render.config_hash(spec, candidate_of(record)) != record.candidate_hash:
-        return "the spec changed the candidate's config: what was measured no longer applies"
-    if incumbent_hash != record.incumbent_hash:
-        return "the running config changed: the canary no longer runs beside the config it was compared with"
-    return None
 
 
 def cancelled(status: api.SpecDecodeServiceStatus, reason: str, now: datetime,
