@@ -151,6 +151,22 @@ def test_an_unchanged_world_gives_an_identical_status():
     assert again.to_wire() == first.to_wire()
 
 
+def test_a_reconcile_keeps_the_collapse_guards_evidence_for_the_running_config():
+    """belowFloorSince is the control loop's: a reconcile of the same config carries it over
+    (dropping it restarted the guard's confirmation at every pass, end to end, and a
+    collapse was never confirmed); a new config starts without it."""
+    spec = _spec(numSpeculativeTokens=3)
+    serving = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)
+    low = serving.model_copy(update={"speculation": serving.speculation.model_copy(
+        update={"below_floor_since": rfc3339(T0 + timedelta(seconds=30))})})
+    again = st.next_status(low, _outcome(), spec, 3, T0 + timedelta(seconds=31))
+    assert again.speculation.below_floor_since == rfc3339(T0 + timedelta(seconds=30))
+    changed = st.next_status(low, st.ReconcileOutcome(
+        rollout=st.rollout_state(_deployment(config="new"), "new"), choice=SpeculationChoice(k=4),
+        choice_reason="policy", config_hash="new", method="ngram", selector="x=y"), spec, 3, T0)
+    assert changed.speculation.below_floor_since is None
+
+
 def test_invalid_spec_keeps_everything_else():
     spec = _spec(numSpeculativeTokens=3)
     good = st.next_status(api.SpecDecodeServiceStatus(), _outcome(), spec, 3, T0)

@@ -283,6 +283,12 @@ def next_status(
         if choice.per_batch_size and earlier.schedule and not spec.speculation.per_batch_size_k:
             schedule.update(schedule=earlier.schedule, schedule_replaced_k=earlier.schedule_replaced_k,
                             schedule_step_scale=earlier.schedule_step_scale)
+    # So is the collapse guard's evidence (when the running config's acceptance was first seen
+    # below the floor): a reconcile that dropped it would restart the guard's confirmation
+    # every pass, and a collapse would never be confirmed (seen end to end: the field set by
+    # each evaluation and cleared by the reconcile a second later, speculation left on).
+    if earlier is not None and same_config:
+        schedule["below_floor_since"] = earlier.below_floor_since
     effective = api.EffectiveSpeculation(
         enabled=choice.enabled,
         method=outcome.method,
