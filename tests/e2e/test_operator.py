@@ -154,8 +154,11 @@ def test_spec_edits_roll_the_deployment_and_gc_follows_deletion(cluster, kube_ap
             return err.status == 404
 
     poll_until(pdb_gone, 30, "the PDB to be deleted at one replica")
-    sds = wait_serving(kube_api, namespace, "llama")
-    assert sds["status"]["replicas"] == 1
+    # A replica count that alone moves keeps the service Serving (GitOps stays Healthy), so
+    # Serving says nothing of the count: wait for status to report the one replica left.
+    sds = poll_until(lambda: (s := get_sds(kube_api, namespace, "llama")).get("status", {}).get("replicas") == 1 and s,
+                     60, "status.replicas to report the one replica left")
+    assert sds["status"]["phase"] == C.PHASE_SERVING
 
     kubectl(cluster, "delete", "sds", "llama", "-n", namespace, "--wait=false")
     poll_until(lambda: get_deployment(kube_api, namespace, "llama") is None, 60, "garbage collection of the Deployment")
