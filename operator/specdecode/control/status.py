@@ -277,18 +277,18 @@ def next_status(
     # The schedule fields are the control loop's: a reconcile renders the schedule status
     # holds (`state.choose`) and must not drop it, or the next reconcile renders plain K (a
     # restart) and the loop forgets the schedule it adopted.
-    schedule: dict = {}
+    loop_fields: dict = {}
     if earlier is not None:
-        schedule["schedule_reason"] = earlier.schedule_reason
+        loop_fields["schedule_reason"] = earlier.schedule_reason
         if choice.per_batch_size and earlier.schedule and not spec.speculation.per_batch_size_k:
-            schedule.update(schedule=earlier.schedule, schedule_replaced_k=earlier.schedule_replaced_k,
+            loop_fields.update(schedule=earlier.schedule, schedule_replaced_k=earlier.schedule_replaced_k,
                             schedule_step_scale=earlier.schedule_step_scale)
     # So is the collapse guard's evidence (when the running config's acceptance was first seen
     # below the floor): a reconcile that dropped it would restart the guard's confirmation
     # every pass, and a collapse would never be confirmed (seen end to end: the field set by
     # each evaluation and cleared by the reconcile a second later, speculation left on).
     if earlier is not None and same_config:
-        schedule["below_floor_since"] = earlier.below_floor_since
+        loop_fields["below_floor_since"] = earlier.below_floor_since
     effective = api.EffectiveSpeculation(
         enabled=choice.enabled,
         method=outcome.method,
@@ -300,7 +300,7 @@ def next_status(
         live=live,
         live_since=live_since,
         spec_hash=declared_speculation_hash(spec),
-        **schedule,
+        **loop_fields,
     )
     return current.model_copy(
         update={
