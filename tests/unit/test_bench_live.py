@@ -115,6 +115,24 @@ def test_fleet_services_parse_and_hold_the_models_best_k():
     assert spec.speculation.num_speculative_tokens == k and spec.replicas == 1
 
 
+def test_the_stack_floor_applies_the_deployments_the_operator_renders_with_no_owner():
+    """The floor is only a floor if its Deployments are the operator's own for the same services
+    (same pod template), and none has an owner the garbage collector would look for."""
+    from specdecode import api
+    from specdecode.control import state as cs
+    from specdecode.render import workload as render
+
+    k = fleet.steady_k()
+    floor = fleet.floor_deployments(3, k)
+    assert [d["metadata"]["name"] for d in floor] == ["svc-0000", "svc-0001", "svc-0002"]
+    assert all(d["metadata"]["namespace"] == fleet.FLOOR_NAMESPACE for d in floor)
+    assert not any("ownerReferences" in d["metadata"] for d in floor)
+    service = api.parse_service(fleet.fleet_service(1, k))
+    operators = next(o for o in render.render_all(service, cs.choose(service.spec, None)[0], owner_uid="uid",
+                                                  pod_monitor_served=False) if o["kind"] == "Deployment")
+    assert floor[1]["spec"]["template"]["spec"] == operators["spec"]["template"]["spec"]
+
+
 def test_every_kill_point_is_planned_and_the_plan_is_seeded():
     quick = faults.Plan.of(18, quick=True)
     assert sorted(quick.kills) == sorted(faults.KILL_POINTS)

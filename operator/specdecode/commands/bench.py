@@ -55,6 +55,9 @@ def _bench(sub: argparse._SubParsersAction) -> None:
                    help="give up waiting for every service to be Serving after this (default: %(default)s)")
     f.add_argument("--cluster-name", default="bench-fleet", help="local control plane to (re)create (default: %(default)s)")
     f.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
+    f.add_argument("--no-stack-floor", dest="stack_floor", action="store_false",
+                   help="skip the stack's own floor (the same N Deployments applied with no operator and "
+                   "timed until available, before the operator starts; it takes as long again)")
     f.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
     f.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
     f.set_defaults(func=run_bench_fleet)
@@ -205,7 +208,7 @@ def run_bench_fleet(args: argparse.Namespace) -> int:
     with _stack_errors(workdir):
         figures = fleet.run_fleet(args.services, workdir=workdir, cluster_name=args.cluster_name,
                                   measure_s=measure_s, serve_timeout_s=serve_timeout_s, keep=args.keep,
-                                  progress=lambda m: err.print(f"  {m}", markup=False))
+                                  floor=args.stack_floor, progress=lambda m: err.print(f"  {m}", markup=False))
     return _report(args, f"bench fleet: {args.services} services", figures, fleet.fleet_targets(figures))
 
 

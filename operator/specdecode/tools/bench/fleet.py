@@ -7,6 +7,11 @@ steady stretch: the operator's RSS and CPU seconds per minute, the Prometheus qu
 evaluation tick and per minute (Prometheus' own count), the operator's API writes per minute
 (the apiserver's audit log) against the decisions it made.
 
+Before the operator starts, the stack's own floor: the same N Deployments the operator would
+render, applied straight with no operator, timed until every one has an available replica.
+Time to Serving cannot be shorter than that on the same machine; the difference is the
+operator's.
+
 `fleet_targets` and `fleet_service` are pure; `run_fleet` drives the stack.
 """
 
@@ -22,6 +27,7 @@ from ... import constants as C
 from .live import Target
 
 NAMESPACE = "specdecode-fleet"
+FLOOR_NAMESPACE = "specdecode-fleet-floor"
 SCRAPE_S = 10.0
 EVALUATION_TICK_S = 5.0
 RECONCILE_INTERVAL_S = 60.0
@@ -63,6 +69,9 @@ class FleetFigures:
     service, APPLY_WORKERS at a time, while the operator already works on the first)."""
     stages: list[dict] = field(default_factory=list)
     """Where the time to Serving went (`live.serving_stages`, from the audit log)."""
+    stack_floor_s: Optional[float] = None
+    """The same N Deployments applied with no operator until all were available (`stack_floor`);
+    None when not measured or when some never were."""
     machine: str = ""
 
     def to_json(self) -> dict:
@@ -74,6 +83,8 @@ class FleetFigures:
             ("apply -> all Serving", "never" if self.serving_s is None else f"{self.serving_s:.0f} s"
              + ("" if self.serving == self.services else f" ({self.serving} Serving)")),
             ("  of which the apply", "" if self.apply_s is None else f"{self.apply_s:.0f} s"),
+            ("the stack alone (no operator)", "not measured" if self.stack_floor_s is None
+             else f"{self.stack_floor_s:.0f} s until the same Deployments were available"),
             *[(f"  {s['name']}", f"{s['median_s']:.1f} s median, {s['p90_s']:.1f} s p90 after the step before; "
                                  f"the last at {s['last_at_s']:.0f} s ({s['services']} services)")
               for s in self.stages],
@@ -132,7 +143,7 @@ def scenario_document() -> dict:
 
 
 def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: float, serve_timeout_s: float,
-              keep: bool, progress: Progress) -> FleetFigures:
+              keep: bool, progress: Progress, floor: bool = True) -> FleetFigures:
     import yaml
 
     from ...shell.kube import load_config
@@ -142,9 +153,19 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
 
     stack = Stack(workdir, progress=progress)
     try:
-        nodes = max(4, math.ceil(services / 64) + 1)  # a node has 64 GPUs at most
+        # A node has 64 GPUs at most; the floor's pods stay, so room for both sets.
+        pods = services * (2 if floor else 1)
+        nodes = max(4, math.ceil(pods / 64) + 1)
         cluster = stack.start_cluster(cluster_name, nodes=nodes, gpus_per_node=64, ready_delay="2s",
                                       recreate=False, keep=keep, build_progress=False)
+        k = steady_k()
+        floor_s = None
+        if floor:
+            progress(f"the stack alone: applying the {services} Deployments with no operator")
+            floor_s = stack_floor(load_config(str(cluster.kubeconfig)), stack.kubectl_command, services, k,
+                                  serve_timeout_s)
+            progress("the stack alone: " + ("not all available" if floor_s is None
+                                            else f"all available {floor_s:.0f} s after the apply began"))
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
         operator = stack.start_operator(prometheus_url=prometheus.url, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                         evaluation_tick_s=EVALUATION_TICK_S)
@@ -153,7 +174,6 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         scenario.write_text(yaml.safe_dump(scenario_document()))
         stack.start_simulator(str(scenario), prometheus, label="fleet", namespaces=[NAMESPACE])
         custom = _custom_objects(load_config(str(cluster.kubeconfig)))
-        k = steady_k()
         audit = live.AuditLog(cluster.audit_log)
         before_apply = audit.mark()
 
@@ -205,10 +225,52 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
             evaluations_per_min=(end["evaluations"] - start["evaluations"]) * per_min,
             decisions_per_min=(end["decisions"] - start["decisions"]) * per_min,
             writes_per_min=len(writes) * per_min, writes_by_request=live.count_by(writes),
-            apply_s=apply_s, stages=[asdict(stage) for stage in stages], machine=live.machine_note(),
+            apply_s=apply_s, stages=[asdict(stage) for stage in stages], stack_floor_s=floor_s,
+            machine=live.machine_note(),
         )
     finally:
         stack.close()
+
+
+def floor_deployments(services: int, k: int, namespace: str = FLOOR_NAMESPACE) -> list[dict]:
+    """The Deployments the operator renders for the fleet's services, without an owner (none
+    exists: the garbage collector would delete them)."""
+    from ... import api
+    from ...control import state as cs
+    from ...render import workload as render
+
+    deployments = []
+    for index in range(services):
+        service = api.parse_service(fleet_service(index, k, namespace))
+        choice, _, _ = cs.choose(service.spec, None)
+        deployments += [obj for obj in render.render_all(service, choice, pod_monitor_served=False)
+                        if obj["kind"] == "Deployment"]
+    return deployments
+
+
+def stack_floor(api_client, kubectl_command: list[str], services: int, k: int, timeout_s: float) -> Optional[float]:
+    """Seconds from the first apply until every one of the fleet's Deployments, applied straight
+    (APPLY_WORKERS at a time, as the operator does), has an available replica; None past the
+    timeout. They stay (idle kwok pods cost the stack nothing more): deleting 500 would keep the
+    controllers busy while the operator is measured."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kubernetes import client
+
+    from ...shell.kube import Kube
+    from . import live
+
+    live.fresh_namespace(kubectl_command, FLOOR_NAMESPACE)
+    deployments = floor_deployments(services, k)
+    kube = Kube(api_client)
+    started = time.monotonic()
+    with ThreadPoolExecutor(APPLY_WORKERS) as pool:
+        list(pool.map(kube.apply, deployments))
+    apps = client.AppsV1Api(api_client)
+    available = _watch_until(
+        apps.list_namespaced_deployment, FLOOR_NAMESPACE, services, started + timeout_s,
+        lambda d: (d.get("status") or {}).get("availableReplicas", 0) >= 1)
+    return time.monotonic() - started if available >= services else None
 
 
 def apply_services(custom, documents: list[dict], workers: int = APPLY_WORKERS) -> None:
@@ -226,39 +288,46 @@ def apply_services(custom, documents: list[dict], workers: int = APPLY_WORKERS) 
 
 
 def wait_all_serving(custom, services: int, deadline: float) -> int:
-    """Follow the services' phases with a watch until all `services` are Serving or the
-    deadline (time.monotonic()) passes; returns how many are. A watch, not a list every
-    second: listing 500 services with their status is megabytes of JSON a second for the API
-    server that the fleet's own work shares the cores with."""
-    from kubernetes import watch
+    """How many of the fleet's services are Serving once all `services` are or the deadline
+    (time.monotonic()) passes."""
+    return _watch_until(
+        lambda *args, **kw: custom.list_namespaced_custom_object(C.GROUP, C.VERSION, *args, C.PLURAL, **kw),
+        NAMESPACE, services, deadline, lambda obj: (obj.get("status") or {}).get("phase") == C.PHASE_SERVING)
+
+
+def _watch_until(list_fn, namespace: str, wanted: int, deadline: float, done: Callable[[dict], bool]) -> int:
+    """Follow a namespace's objects of one kind with a watch until `wanted` of them are `done`
+    or the deadline (time.monotonic()) passes; returns how many are. A watch, not a list every
+    second: listing 500 objects with their status is megabytes of JSON a second for the API
+    server that the fleet's own work shares the cores with. `list_fn(namespace, **kw)`: the
+    client's list call (typed or custom objects: both read as dicts here)."""
+    from kubernetes import client, watch
     from kubernetes.client.exceptions import ApiException
 
-    phases: dict[str, Optional[str]] = {}
+    as_dict = client.ApiClient().sanitize_for_serialization
+    finished: dict[str, bool] = {}
     version = None
     while time.monotonic() < deadline:
         if version is None:
-            listed = custom.list_namespaced_custom_object(C.GROUP, C.VERSION, NAMESPACE, C.PLURAL)
-            phases = {item["metadata"]["name"]: (item.get("status") or {}).get("phase") for item in listed["items"]}
+            listed = as_dict(list_fn(namespace))
+            finished = {item["metadata"]["name"]: done(item) for item in listed["items"]}
             version = listed["metadata"]["resourceVersion"]
-        serving = sum(1 for phase in phases.values() if phase == C.PHASE_SERVING)
-        if serving >= services:
-            return serving
+        if sum(finished.values()) >= wanted:
+            return sum(finished.values())
         left = max(1, int(deadline - time.monotonic()))
         try:
-            for event in watch.Watch().stream(custom.list_namespaced_custom_object, C.GROUP, C.VERSION, NAMESPACE,
-                                              C.PLURAL, resource_version=version, timeout_seconds=min(60, left)):
-                obj = event["object"]
+            for event in watch.Watch().stream(list_fn, namespace, resource_version=version,
+                                              timeout_seconds=min(60, left)):
+                obj = as_dict(event["object"])
                 version = obj["metadata"]["resourceVersion"]
-                name = obj["metadata"]["name"]
-                phases[name] = None if event["type"] == "DELETED" else (obj.get("status") or {}).get("phase")
-                if phases[name] == C.PHASE_SERVING and \
-                        sum(1 for phase in phases.values() if phase == C.PHASE_SERVING) >= services:
-                    return services
+                finished[obj["metadata"]["name"]] = event["type"] != "DELETED" and done(obj)
+                if sum(finished.values()) >= wanted:
+                    return wanted
         except ApiException as err:
             if err.status != 410:  # 410: the version is too old; list again
                 raise
             version = None
-    return sum(1 for phase in phases.values() if phase == C.PHASE_SERVING)
+    return sum(finished.values())
 
 
 def _custom_objects(api_client):
