@@ -115,6 +115,26 @@ def test_one_read_per_tick_whatever_the_number_of_services():
     assert len(reader.reads) == 10
 
 
+def test_a_new_ticks_read_drops_the_models_memos_and_a_cached_read_keeps_them():
+    """The memos hold the last tick's measurements, which no later evaluation asks for: an
+    operator that kept them grew to their bound (tens of MB) whatever the fleet."""
+    from specdecode.control import memo, perfmodel
+
+    ev = _evaluator(CountingReader())
+    scopes = _scopes(1)
+    params = perfmodel.EngineParams.for_method("draft_model", {"replicas": 1, "min_k": 1, "max_k": 4})
+    perfmodel.best_config(params, perfmodel.Workload(request_rate=2.0, prompt_tokens=900, output_tokens=250,
+                                                     acceptance=0.7))
+    ev._read(ACCESS, scopes, T0.timestamp())
+    assert memo.entries() == 0
+    perfmodel.best_config(params, perfmodel.Workload(request_rate=2.0, prompt_tokens=900, output_tokens=250,
+                                                     acceptance=0.7))
+    held = memo.entries()
+    assert held > 0
+    ev._read(ACCESS, scopes, T0.timestamp() + 1.0)  # the same tick: served from the cached read
+    assert memo.entries() == held
+
+
 def test_a_read_slower_than_a_tick_serves_the_tick_after_it_finished():
     """A read of a large fleet takes longer than the tick: evaluations that come due just
     after it finished use it instead of each starting another (one read every tick or so,

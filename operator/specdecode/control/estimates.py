@@ -4,12 +4,12 @@ of each config and of a switch (restart included)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from specdecode import constants
+from specdecode.control import memo
 from specdecode.control import perfmodel
 from specdecode.control.decision import ConfigPrediction
 from specdecode.control.settings import PolicySettings, PolicyTuning
@@ -233,7 +233,7 @@ def workload_of(est: Estimate, alpha: float | None, rate_factor: float = 1.0) ->
     )
 
 
-@functools.lru_cache(maxsize=8192)
+@memo.memoized(maxsize=8192)
 def phase(
     params: EngineParams,
     workload: Workload,

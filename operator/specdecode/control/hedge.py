@@ -4,11 +4,11 @@ insures against the load rising there."""
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
+from specdecode.control import memo
 from specdecode.control import perfmodel
 from specdecode.control.estimates import (
     Calibration, Estimate, phase, round_rel, switch_outlook, workload_of,
@@ -79,7 +79,7 @@ def rollout_capacity_of(
     return min(_capacity(calibration.params_for(k), workload, k, serving) for k in configs)
 
 
-@functools.lru_cache(maxsize=8192)
+@memo.memoized(maxsize=8192)
 def _capacity(params: EngineParams, workload: Workload, k: int, replicas: int) -> float:
     """Capacity (requests/s) of ``replicas`` replicas at config k, memoized."""
     return perfmodel.steady_state(params, workload, k, replicas).capacity_rps

@@ -67,11 +67,12 @@ hardware); on a slower GPU (``gpu-slow`` scenario) the crossover comes at ~9 req
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, fields, replace
 from statistics import NormalDist
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union, get_args
+
+from specdecode.control import memo
 
 Method = Literal["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"]
 METHODS: tuple[str, ...] = get_args(Method)
@@ -83,7 +84,7 @@ _NORMAL = NormalDist()
 _SQRT2 = math.sqrt(2.0)
 
 
-@functools.lru_cache(maxsize=65536)
+@memo.memoized(maxsize=65536)
 def _lognormal_mu_sigma(mean: float, cv: float) -> tuple[float, float]:
     """(mu, sigma) of the lognormal with this mean and CV (memoized: P95 bisections ask for
     the same component's CDF dozens of times)."""
@@ -609,7 +610,7 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
     return _StepCost(fixed=fixed, per_seq=per_seq, per_prefill_token=tau * (1 + c))
 
 
-@functools.lru_cache(maxsize=4096)
+@memo.memoized(maxsize=4096)
 def _table_step_cost(
     name: str, k: int, context: float, scale: float, draft_scale: float, host_s: float,
     spec_s: float, cpu_s_per_seq: float,
@@ -855,7 +856,7 @@ def _rate_function(
     return rate_for, preemptions
 
 
-@functools.lru_cache(maxsize=16384)
+@memo.memoized(maxsize=16384)
 def _peak(
     params: EngineParams,
     k: int,
@@ -1027,7 +1028,7 @@ def _schedule_flows(params: EngineParams, shape: _ScheduleShape, schedule: Sched
     return rate, steps, tuple((k, v[0], v[1]) for k, v in sorted(mix.items()))
 
 
-@functools.lru_cache(maxsize=4096)
+@memo.memoized(maxsize=4096)
 def _schedule_capacity(params: EngineParams, workload: Workload, schedule: Schedule, alpha: float):
     """(shape, grid of (batch, rate), peak batch, capacity per replica) of a schedule: the
     rate a mean batch sustains need not rise monotonically (a costlier range above an edge),

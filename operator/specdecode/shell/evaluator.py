@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from .. import api
 from .. import constants as C
 from . import crashpoints, instrumentation
+from ..control import memo
 from ..control import metrics
 from ..control import evaluation
 from ..control.experiments import running_record
@@ -245,6 +246,10 @@ class Evaluator:
             with self._reads_lock:
                 if result is not None:
                     self._reads[key] = _CachedRead(max(at, self.clock().timestamp()), flight.scopes, result)
+                    # A new tick: the model's memos of the last one hold fresh measurements
+                    # nobody asks for again (control/memo.py); drop them, or they fill to
+                    # their bound.
+                    memo.clear()
                 del self._flights[key]
             flight.result = result
             flight.done.set()
