@@ -122,6 +122,22 @@ def test_serving_when_live_progressing_while_rolling():
     assert st.get_condition(rolling.conditions, C.COND_READY).status == "True"
 
 
+def test_speculation_effective_says_running_once_the_rollout_is_done_and_keeps_the_loops_words():
+    """Seen at 500 services: every Serving service still read "ngram K=3 rolling out" until the
+    loop's next decision, which in a steady fleet never comes."""
+    spec = _spec(numSpeculativeTokens=3)
+    rolling = st.next_status(api.SpecDecodeServiceStatus(), _outcome(updated=0, available=0), spec, 1, T0)
+    assert st.get_condition(rolling.conditions, C.COND_SPECULATION_EFFECTIVE).message.endswith("rolling out")
+    serving = st.next_status(rolling, _outcome(), spec, 1, T0 + timedelta(minutes=1))
+    effective = st.get_condition(serving.conditions, C.COND_SPECULATION_EFFECTIVE)
+    assert effective.message.endswith("running") and effective.status == "True"
+    loops = st.set_condition(serving.conditions, C.COND_SPECULATION_EFFECTIVE, True, "Paying",
+                             "K=3 pays 1.8x over no speculation", T0 + timedelta(minutes=2), 1)
+    later = st.next_status(serving.model_copy(update={"conditions": loops}), _outcome(), spec, 1,
+                           T0 + timedelta(minutes=3))
+    assert st.get_condition(later.conditions, C.COND_SPECULATION_EFFECTIVE).message == "K=3 pays 1.8x over no speculation"
+
+
 @pytest.mark.parametrize("scale", [
     {"replicas": 3, "total": 3, "updated": 3, "available": 2, "ready": 2},  # a replica given back, starting
     {"replicas": 1, "total": 2, "updated": 2, "available": 2, "ready": 2},  # a replica lent to a canary
