@@ -17,11 +17,12 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdecode.tools.bench.live import AuditLog, AuditMark
 from specdecode.tools.localstack import ClusterInfo
 from specdecode.tools.localstack.install import OPERATOR_USER  # noqa: F401  (re-exported for tests)
 from specdecode.tools.localstack.stack import OperatorProcess, Stack, log_tail
@@ -121,12 +122,16 @@ def holds_for(check, seconds: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def audit_writes(cluster: ClusterInfo, user: str, namespace: str, since_line: int = 0) -> tuple[list[dict], int]:
+def audit_writes(cluster: ClusterInfo, user: str, namespace: str,
+                 since: Optional[AuditMark] = None) -> tuple[list[dict], AuditMark]:
     """Write requests `user` made in `namespace` according to the apiserver's audit log, and
-    the number of lines read (pass it back as `since_line` to see only newer entries)."""
-    lines = cluster.audit_log.read_text(errors="replace").splitlines()
+    a mark of what was read (pass it back as `since` to see only newer entries; the log may
+    rotate in between: `AuditLog` reads across it)."""
+    log = AuditLog(cluster.audit_log)
+    mark = log.mark()
+    lines = log.lines_since(since or AuditMark(0, 0))
     writes = []
-    for line in lines[since_line:]:
+    for line in lines:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
@@ -136,4 +141,4 @@ def audit_writes(cluster: ClusterInfo, user: str, namespace: str, since_line: in
         if entry.get("verb") in ("create", "update", "patch", "delete", "deletecollection"):
             if (entry.get("objectRef") or {}).get("namespace") == namespace:
                 writes.append(entry)
-    return writes, len(lines)
+    return writes, mark

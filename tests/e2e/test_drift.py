@@ -68,7 +68,7 @@ def test_a_foreign_annotation_on_the_deployment_causes_no_apply_loop(cluster, ku
     reconciles = operator.total("specdecode_reconciles_total")
     poll_until(lambda: operator.total("specdecode_reconciles_total") >= reconciles + 10,
                30 * RECONCILE_INTERVAL_S, "ten more reconciles")
-    writes, _ = audit_writes(cluster, OPERATOR_USER, namespace, since_line=mark)
+    writes, _ = audit_writes(cluster, OPERATOR_USER, namespace, since=mark)
     deployment_writes = [w for w in writes if (w.get("objectRef") or {}).get("resource") == "deployments"]
     assert deployment_writes == [], [(w["verb"], w["objectRef"]) for w in deployment_writes]
     assert len(events(cluster, namespace, C.EVENT_APPLIED)) == applied_before

@@ -202,7 +202,7 @@ def test_steady_state_causes_no_writes(cluster, kube_api, operator, namespace):
     poll_until(lambda: operator.total("specdecode_reconciles_total") >= reconciles_before + 10,
              30 * RECONCILE_INTERVAL_S, "ten more reconciles")
     assert operator.total("specdecode_api_writes_total") == writes_before
-    writes, _ = audit_writes(cluster, OPERATOR_USER, namespace, since_line=audit_mark)
+    writes, _ = audit_writes(cluster, OPERATOR_USER, namespace, since=audit_mark)
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdecode import constants as C
 from specdecode.shell import crashpoints
 from specdecode.tools.bench import faults, fleet, live
@@ -88,6 +90,27 @@ def test_serving_stages_follow_each_service_from_creation_to_the_serving_write()
     assert (applied.median_s, applied.p90_s, applied.last_at_s) == (3, 5, 7)
     assert stages["Deployment available"].last_at_s == 12
     assert stages["Serving written"].last_at_s == 20 and stages["Serving written"].p90_s == 8
+
+
+def test_the_audit_log_is_read_across_a_rotation(tmp_path):
+    """kube-apiserver renames its audit log to audit-<time>.log at 100 MB and starts a new
+    one: the lines after a mark are the rest of the renamed file and the new file's."""
+    path = tmp_path / "audit.log"
+    path.write_text("old 1\n")
+    log = live.AuditLog(path)
+    mark = log.mark()
+    with open(path, "a") as handle:
+        handle.write("before the rotation\n")
+    path.rename(tmp_path / "audit-2026-12-02T02-54-11.156.log")
+    path.write_text("after the rotation\n")
+    assert log.lines_since(mark) == ["before the rotation", "after the rotation"]
+    later = log.mark()
+    with open(path, "a") as handle:
+        handle.write("last\n")
+    assert log.lines_since(later) == ["last"]
+    (tmp_path / "audit-2026-12-02T02-54-11.156.log").unlink()
+    with pytest.raises(RuntimeError, match="rotated past the mark"):
+        log.lines_since(mark)
 
 
 def _fleet_figures(**overrides) -> fleet.FleetFigures:

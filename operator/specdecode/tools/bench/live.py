@@ -159,22 +159,53 @@ def audit_writes(lines: Iterable[str], user: str, namespaces: Optional[Iterable[
     return out
 
 
+@dataclass(frozen=True)
+class AuditMark:
+    """A place in the audit log: the file (by inode, which a rotation does not change) and the
+    byte offset in it."""
+
+    inode: int
+    offset: int
+
+
 class AuditLog:
-    """Reads an audit log from a byte offset, so that a long run does not re-read it all."""
+    """Reads an audit log from a mark, so that a long run does not re-read it all.
+
+    The API server rotates its audit log (at 100 MB on the local stack: the backups are
+    `audit-<time>.log` beside it): a 500-service run crossed that, and an offset into the new
+    file read nothing, so the steady stretch showed 0 writes whatever was written. A mark names
+    its file by inode; the lines since are the rest of that file and every file after it."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def mark(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except OSError:
-            return 0
+    def _files(self) -> list[Path]:
+        """Oldest first: the rotated backups (their names sort by time), then the live log."""
+        backups = sorted(self.path.parent.glob(f"{self.path.stem}-*{self.path.suffix}"))
+        return [*backups, self.path] if self.path.exists() else backups
 
-    def lines_since(self, offset: int) -> list[str]:
-        with open(self.path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
+    def mark(self) -> AuditMark:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return AuditMark(0, 0)
+        return AuditMark(stat.st_ino, stat.st_size)
+
+    def lines_since(self, mark: AuditMark) -> list[str]:
+        files = self._files()
+        inodes = [f.stat().st_ino for f in files]
+        if mark.inode == 0:
+            start, offset = 0, 0  # no log yet when marked: all of it is since
+        elif mark.inode in inodes:
+            start, offset = inodes.index(mark.inode), mark.offset
+        else:
+            raise RuntimeError(f"the audit log {self.path} rotated past the mark and its backup is gone: "
+                               "the writes since cannot be counted")
+        data = b""
+        for index, path in enumerate(files[start:]):
+            with open(path, "rb") as handle:
+                handle.seek(offset if index == 0 else 0)
+                data += handle.read()
         return data.decode(errors="replace").splitlines()
 
 
