@@ -1159,7 +1159,8 @@ class EffectiveSpeculation(StatusModel):
     schedule_step_scale: Optional[float] = Field(
         None,
         description="Measured / prior step time of the plain K the schedule replaced: the "
-        "calibration the schedule's after-rollout check predicts that plain K with.",
+        "calibration of the schedule's step model (its overhead, a replacement), and of the "
+        "after-rollout check when that K measured nothing before (observations.plainBaseline).",
     )
     below_floor_since: Optional[str] = Field(
         None,
