@@ -83,9 +83,10 @@ WARMUP_S = 60.0
 """autotune.warmup of the penalty story: a new config is judged only once the surge's backlog
 has drained (a window that mixes a draining queue and the calm compares nothing like with
 like). With 5 s the schedule, adopted in the surge, was checked on the drain: not reverted."""
-SURGE_AT, SURGE_S = 120.0, 45.0
-"""After plain K=3's first full windows at the calm (live at ~15 s, + warm-up + window): its
-baseline there; long enough for the batch to pass the crossover."""
+SURGE_AT, SURGE_S = 150.0, 45.0
+"""After plain K=3's first full windows at the calm (live at ~5 s, + warm-up + window, and the
+simulator's clock starts some seconds before the test's): its baseline there; long enough for
+the batch to pass the crossover."""
 REPROBE_S = 40.0
 """FAST_AUTOTUNE's reprobeInterval: if the surge turned speculation off, K=3 is back this long
 after."""

@@ -252,6 +252,30 @@ def test_the_plain_k_baseline_is_kept_through_adoption_and_dropped_by_a_move_to_
     assert moved.plain_baseline is None
 
 
+def test_a_window_that_mixed_loads_is_no_baseline_nor_a_verdict():
+    """A backlog draining into the calm (e2e: mean batch 15, peak 315): its time per token
+    belongs to no one batch. Not recorded as the plain K's baseline, and a schedule's window
+    like it reverts nothing."""
+    settings = auto()
+    plain = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    steady = both(workload(8), 3)
+    _, after = step(settings, plain, steady, NOW)
+    assert after.plain_baseline is not None
+    mixed = observe(workload(8), 3, 300)
+    mixed = replace(mixed, peak_running=mixed.batch_per_pod * 10)
+    _, after = step(settings, plain, PolicyObservations.of(mixed, observe(workload(8), 3, 75)), NOW)
+    assert after.plain_baseline is None
+    truth = replace(SLOW_TRUTH, schedule_penalty=0.4)
+    state = under_schedule(live_since=NOW - settings.warmup_s - settings.window_s - 1.0,
+                           plain_baseline=measured_baseline(SLOW_TRUTH, 8))
+    window = observe(workload(8), SCHEDULE, 300, params=truth)
+    decision, _ = step(settings, state, PolicyObservations.of(
+        replace(window, peak_running=window.batch_per_pod * 10), observe(workload(8), SCHEDULE, 75, params=truth)), NOW)
+    assert not decision.changes, decision.reason
+    decision, _ = step(settings, state, both(workload(8), SCHEDULE, params=truth), NOW)
+    assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+
+
 def test_a_plain_k_evaluation_records_its_window_and_the_baseline_survives_the_status():
     """A step on plain K=3 records the window it measured; written to status.observations and
     read back (a restarted operator keeps it)."""

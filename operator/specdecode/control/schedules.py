@@ -87,6 +87,10 @@ LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE})
 BATCH_MEMORY_S = 6 * 3600.0
 """Time constant of the batch range memory: a load swing of a day's peak is remembered
 through the hours until it comes back."""
+STEADY_PEAK_RATIO = 4.0
+"""A window whose peak running batch is more than this times its mean mixed loads (a surge's
+onset, a backlog draining): its time per token is no baseline for one batch, nor a schedule's
+measurement to check against one."""
 GRID = tuple(2 ** i for i in range(11))
 """The whole batch range (1..1024, factor 2), equal weights: what a replacement is judged on."""
 
@@ -178,10 +182,18 @@ def _plain_point(settings: PolicySettings, state: ControlState, observed: Any, n
     if not getattr(observed, "available", False) or observed.window is None:
         return None
     obs: Observation = observed.window
-    if obs.idle or obs.requests < settings.min_requests or obs.batch_per_pod is None or obs.batch_per_pod <= 0:
+    if obs.idle or obs.requests < settings.min_requests or not _steady(obs):
         return None
     measured = _measured_per_token(obs)
     return None if measured is None else (obs.batch_per_pod, measured)
+
+
+def _steady(obs: Observation) -> bool:
+    """The window ran at one load: its peak batch within ``STEADY_PEAK_RATIO`` of its mean."""
+    mean = obs.batch_per_pod
+    if mean is None or mean <= 0:
+        return False
+    return obs.peak_running is None or obs.peak_running <= STEADY_PEAK_RATIO * mean
 
 
 def _band(batch: float) -> int:
@@ -419,7 +431,7 @@ def _under_schedule(
         extra = (measured - bare.step_time_s / bare.tokens_per_step) * bare.tokens_per_step
         overhead = min(OVERHEAD_BOUNDS[1], max(OVERHEAD_BOUNDS[0], extra))
     tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
-    if _checking(settings, state, now) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
+    if _checking(settings, state, now) and _steady(obs) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
         over = measured / best - 1.0
         reason = (
             f"schedule {schedule.label} measured {measured * 1e3:.2f} ms per token at "
