@@ -1159,7 +1159,8 @@ class EffectiveSpeculation(StatusModel):
     schedule_step_scale: Optional[float] = Field(
         None,
         description="Measured / prior step time of the plain K the schedule replaced: the "
-        "calibration the schedule's after-rollout check predicts that plain K with.",
+        "calibration of the schedule's step model (its overhead, a replacement), and of the "
+        "after-rollout check when that K measured nothing before (observations.plainBaseline).",
     )
     below_floor_since: Optional[str] = Field(
         None,
@@ -1168,6 +1169,23 @@ class EffectiveSpeculation(StatusModel):
         "(RFC 3339); absent when the last evaluation did not. The collapse guard turns speculation "
         "off once a later window, mostly new data, still shows it: a shorter dip is not a collapse.",
         max_length=64,
+    )
+
+
+class PlainTimePerToken(StatusModel):
+    """The engine time per output token a plain K measured on one full window, at its batch."""
+
+    running_requests: float = Field(description="Mean running batch of a replica over that window.")
+    seconds_per_output_token: float = Field(description="Engine seconds per output token over that window.")
+
+
+class PlainBaseline(StatusModel):
+    """What the plain K measured while it ran, one full window per factor-2 band of the running
+    batch: the baseline a schedule's after-rollout check compares with (autotune.schedules Auto)."""
+
+    k: int = Field(description="The plain K measured.")
+    points: list[PlainTimePerToken] = Field(
+        default_factory=list, description="One per factor-2 band of the running batch, the latest.", max_length=16
     )
 
 
@@ -1225,6 +1243,12 @@ class Observations(StatusModel):
         None,
         description="Per-step cost of running under a per-batch-size K schedule, calibrated from "
         "the measured step time after a schedule rollout (kept across rollouts).",
+    )
+    plain_baseline: Optional[PlainBaseline] = Field(
+        None,
+        description="Engine time per output token the plain K measured on full windows before a "
+        "schedule replaced it (autotune.schedules Auto; kept while that K or its schedule runs): "
+        "what the schedule's after-rollout check compares its own measurement with.",
     )
     waiting_requests: Optional[float] = Field(None, description="Mean queued requests per replica.")
     kv_cache_usage: Optional[float] = Field(None, description="KV-cache usage, 0 to 1.")

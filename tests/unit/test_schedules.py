@@ -160,6 +160,146 @@ def test_a_truth_only_schedule_penalty_is_reverted_within_a_few_evaluations():
     assert "reverted" in (state.schedule_note or "")
 
 
+SLOW_TRUTH = schedules.scaled_params(TRUTH, 3.0, None)
+"""A GPU three times slower than the prior's fit."""
+CLAMPED_SCALE = 5.0
+"""What the step scale read when measured in a surge (the clamp; e2e run of #14 part 6)."""
+
+
+def measured_baseline(params: EngineParams, rate: float, k: int = 3) -> cs.PlainBaseline:
+    """What a plain K measured on a full window at ``rate``: the baseline a schedule replacing
+    it is checked against."""
+    obs = observe(workload(rate), k, 300, params=params)
+    return cs.PlainBaseline(k=k, points=((obs.batch_per_pod, schedules._measured_per_token(obs)),))
+
+
+def first_revert(settings: PolicySettings, state: ControlState, params: EngineParams, rate: float) -> float | None:
+    """When the after-rollout check reverts the schedule of ``state`` (None: not in 20 minutes)."""
+    for i in range(20):
+        now = NOW + 60.0 * (i + 1)
+        decision, state = step(settings, state, both(workload(rate), SCHEDULE, params=params, now=now), now)
+        if decision.changes:
+            assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+            return now
+    return None
+
+
+def test_a_penalty_hidden_by_a_step_scale_measured_mid_surge_is_reverted_against_the_plain_k_measured_before():
+    """The e2e failure of #14 part 6: the schedule adopted in a surge, where the plain K's step
+    scale read 5x (the clamp) against a true 3x; predicted with that scale, plain K=3 looked so
+    slow that a 40 % penalty hid under the margin. What K=3 measured before the rollout, at
+    the same batch, shows it."""
+    truth = replace(SLOW_TRUTH, schedule_penalty=0.4)
+    settings = auto()
+    state = under_schedule(since=NOW, live_since=NOW + 180.0, schedule_step_scale=CLAMPED_SCALE,
+                           plain_baseline=measured_baseline(SLOW_TRUTH, 8))
+    reverted_at = first_revert(settings, state, truth, 8)
+    first_full = NOW + 180.0 + settings.warmup_s + settings.window_s
+    assert reverted_at is not None and reverted_at <= first_full + 3 * settings.evaluation_interval_s
+    decision, _ = step(settings, under_schedule(live_since=NOW - 400.0 - settings.window_s, schedule_step_scale=CLAMPED_SCALE,
+                                                plain_baseline=measured_baseline(SLOW_TRUTH, 8)),
+                       both(workload(8), SCHEDULE, params=truth), NOW)
+    assert "above K=3 measured before the schedule" in decision.reason, decision.reason
+
+
+def test_a_schedule_without_penalty_is_kept_whatever_the_step_scale_read():
+    """The other way round: a scale read too low (the prior's 1x on a 3x GPU) made plain K
+    look cheap and would revert a schedule that costs nothing; the measured baseline keeps it."""
+    settings = auto()
+    for scale in (1.0, CLAMPED_SCALE):
+        state = under_schedule(since=NOW, live_since=NOW + 180.0, schedule_step_scale=scale,
+                               plain_baseline=measured_baseline(SLOW_TRUTH, 8))
+        assert first_revert(settings, state, SLOW_TRUTH, 8) is None, scale
+
+
+def test_the_baseline_measured_at_another_batch_is_moved_along_the_models_curve():
+    """Measured at 4 req/s, the check at 12 req/s: the model's scale (5x, wrong) cancels in
+    the ratio; the plain K's time per token at the new batch is the truth's within 5 %."""
+    baseline = measured_baseline(SLOW_TRUTH, 4)
+    obs = observe(workload(12), 3, 300, params=SLOW_TRUTH)
+    from specdecode.control.estimates import estimate
+
+    est = estimate(obs, auto().tuning)
+    params = schedules.scaled_params(auto().prior_params(), CLAMPED_SCALE, est.decay)
+    moved, basis = schedules.plain_baseline_at(baseline, 3, params, est, obs.batch_per_pod)
+    truth = schedules._measured_per_token(obs)
+    assert abs(moved / truth - 1.0) < 0.05, (moved, truth)
+    assert baseline.points[0][0] < obs.batch_per_pod / 1.5, "the batches must differ"
+    assert schedules.plain_baseline_at(baseline, 2, params, est, obs.batch_per_pod) is None, "another K's baseline"
+
+
+def test_the_plain_k_baseline_is_kept_through_adoption_and_dropped_by_a_move_to_another_k():
+    """Full windows of plain K=3 fill the baseline one per factor-2 band (the latest); a
+    schedule replacing K=3 keeps it; a plain move to K=2 leaves it behind."""
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    update = schedules.ScheduleUpdate(plain_point=(5.0, 0.02), at=NOW)
+    from specdecode.control.decision import Decision
+
+    hold = Decision(action=Action.HOLD, enabled=True, k=3, reason="", rule=Rule.HOLD, applied=False,
+                    metrics_available=True, metrics_reason="", metrics_message="", speculation_effective=True,
+                    effective_reason="", effective_message="")
+    after = schedules.advance(state, state, hold, update)
+    assert after.plain_baseline == cs.PlainBaseline(3, ((5.0, 0.02),))
+    after = schedules.advance(after, after, hold, replace(update, plain_point=(6.0, 0.021)))
+    after = schedules.advance(after, after, hold, replace(update, plain_point=(40.0, 0.005)))
+    assert after.plain_baseline.points == ((6.0, 0.021), (40.0, 0.005))
+    adopt = replace(hold, action=Action.SET_K, rule=Rule.SCHEDULE, schedule=SCHEDULE, applied=True)
+    adopted = schedules.advance(replace(after, schedule=SCHEDULE), after, adopt,
+                                schedules.ScheduleUpdate(replaced_k=3, replaced_scale=1.0, at=NOW))
+    assert adopted.schedule == SCHEDULE and adopted.plain_baseline == after.plain_baseline
+    tune = replace(hold, action=Action.SET_K, k=2, rule=Rule.TUNE, applied=True)
+    moved = schedules.advance(replace(after, k=2), after, tune, schedules.ScheduleUpdate(at=NOW))
+    assert moved.plain_baseline is None
+
+
+def test_a_window_that_mixed_loads_is_no_baseline_nor_a_verdict():
+    """A backlog draining into the calm (e2e: mean batch 15, peak 315): its time per token
+    belongs to no one batch. Not recorded as the plain K's baseline, and a schedule's window
+    like it reverts nothing."""
+    settings = auto()
+    plain = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
+    steady = both(workload(8), 3)
+    _, after = step(settings, plain, steady, NOW)
+    assert after.plain_baseline is not None
+    mixed = observe(workload(8), 3, 300)
+    mixed = replace(mixed, peak_running=mixed.batch_per_pod * 10)
+    _, after = step(settings, plain, PolicyObservations.of(mixed, observe(workload(8), 3, 75)), NOW)
+    assert after.plain_baseline is None
+    truth = replace(SLOW_TRUTH, schedule_penalty=0.4)
+    state = under_schedule(live_since=NOW - settings.warmup_s - settings.window_s - 1.0,
+                           plain_baseline=measured_baseline(SLOW_TRUTH, 8))
+    window = observe(workload(8), SCHEDULE, 300, params=truth)
+    decision, _ = step(settings, state, PolicyObservations.of(
+        replace(window, peak_running=window.batch_per_pod * 10), observe(workload(8), SCHEDULE, 75, params=truth)), NOW)
+    assert not decision.changes, decision.reason
+    decision, _ = step(settings, state, both(workload(8), SCHEDULE, params=truth), NOW)
+    assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+
+
+def test_a_plain_k_evaluation_records_its_window_and_the_baseline_survives_the_status():
+    """A step on plain K=3 records the window it measured; written to status.observations and
+    read back (a restarted operator keeps it)."""
+    spec = api.parse_spec({
+        "model": {"name": "m"},
+        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
+        "replicas": 2, "autotune": {"schedules": "Auto"},
+    })
+    status = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+        enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW - 7200),
+        cause="Policy", config_hash="hash", live=True, live_since=timestamps.rfc3339(NOW - 7000),
+        spec_hash=cs.declared_speculation_hash(spec),
+    ))
+    settings = replace(PolicySettings.from_spec(spec), slo_e2e_s=15.0)
+    result = evaluation.evaluate(status, spec, settings, both(workload(2), 3), None,
+                                 datetime.fromtimestamp(NOW, timezone.utc))
+    stored = result.status.observations.plain_baseline
+    assert stored is not None and stored.k == 3 and len(stored.points) == 1, result.status.observations
+    again = cs.from_status(result.status, spec, datetime.fromtimestamp(NOW + 60, timezone.utc))
+    assert again.plain_baseline is not None and again.plain_baseline.k == 3
+    (batch, per_token), = again.plain_baseline.points
+    assert batch > 0 and per_token > 0
+
+
 def test_the_revert_is_written_to_status_and_read_back():
     truth = replace(TRUTH, schedule_penalty=0.4)
     spec = api.parse_spec({

@@ -23,10 +23,12 @@ rules (`rules.decide`) have decided:
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
    hard rule) and the bounds still act, and leave the schedule for plain K. For
    ``CHECK_EVALUATIONS`` evaluations from the first full window after its warm-up, the
-   rollout is checked: the measured engine time per output token against the plain K it
-   replaced, predicted at the same load (at the batch that K would hold) with that K's
-   calibration. Clearly worse (``REVERT_MARGIN``) -> back to that K, and the schedule is
-   remembered as rejected for this declaration. Every full window also calibrates the
+   rollout is checked: the measured engine time per output token against what the plain K
+   it replaced measured before the rollout (`PlainBaseline`: full windows of that K, one per
+   factor-2 band of the running batch), taken at the nearest batch and moved along the
+   model's curve to the schedule's batch; a prediction from that K's calibration only when
+   nothing was measured. Clearly worse (``REVERT_MARGIN``) -> back to that K, and the
+   schedule is remembered as rejected for this declaration. Every full window also calibrates the
    schedule's per-step overhead from the measured step time (kept in status for later
    proposals).
 3. Re-render only when the acceptance regime changed enough: a new proposal must save
@@ -54,7 +56,7 @@ from specdecode.control.memory import remember
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.settings import PolicySettings
-from specdecode.control.state import ControlState
+from specdecode.control.state import ControlState, PlainBaseline
 
 ADOPT_GAIN = 0.03
 """A schedule must save at least 3 % of the time per token against the plain K, at the batches
@@ -85,6 +87,10 @@ LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE})
 BATCH_MEMORY_S = 6 * 3600.0
 """Time constant of the batch range memory: a load swing of a day's peak is remembered
 through the hours until it comes back."""
+STEADY_PEAK_RATIO = 4.0
+"""A window whose peak running batch is more than this times its mean mixed loads (a surge's
+onset, a backlog draining): its time per token is no baseline for one batch, nor a schedule's
+measurement to check against one."""
 GRID = tuple(2 ** i for i in range(11))
 """The whole batch range (1..1024, factor 2), equal weights: what a replacement is judged on."""
 
@@ -105,6 +111,9 @@ class ScheduleUpdate:
     """That K's measured/prior step time."""
     batches: tuple[float, float] | None = None
     """(mean, peak) running batch of a replica in this evaluation's long window."""
+    plain_point: tuple[float, float] | None = None
+    """(mean running batch, seconds per output token) the plain K measured on this
+    evaluation's full window (None: a schedule runs, or nothing measurable)."""
     at: float = 0.0
     """When (for the batch memory's forgetting)."""
 
@@ -161,7 +170,43 @@ def consider(
         decision, update = _under_schedule(settings, state, observed, decision, now)
     else:
         decision, update = _maybe_adopt(settings, state, observed, decision, now)
-    return decision, replace(update, batches=_batches_now(observed), at=now)
+    return decision, replace(update, batches=_batches_now(observed), plain_point=_plain_point(settings, state, observed, now),
+                             at=now)
+
+
+def _plain_point(settings: PolicySettings, state: ControlState, observed: Any, now: float) -> tuple[float, float] | None:
+    """What the plain K running now measured on a full window of its own: (mean running batch
+    of a replica, engine seconds per output token)."""
+    if state.schedule is not None or not state.enabled or not state.k or not _window_complete(settings, state, now):
+        return None
+    if not getattr(observed, "available", False) or observed.window is None:
+        return None
+    obs: Observation = observed.window
+    if obs.idle or obs.requests < settings.min_requests or not _steady(obs):
+        return None
+    measured = _measured_per_token(obs)
+    return None if measured is None else (obs.batch_per_pod, measured)
+
+
+def _steady(obs: Observation) -> bool:
+    """The window ran at one load: its peak batch within ``STEADY_PEAK_RATIO`` of its mean."""
+    mean = obs.batch_per_pod
+    if mean is None or mean <= 0:
+        return False
+    return obs.peak_running is None or obs.peak_running <= STEADY_PEAK_RATIO * mean
+
+
+def _band(batch: float) -> int:
+    """The factor-2 band of a running batch (1, 2-3, 4-7, ...)."""
+    return int(math.floor(math.log2(max(1.0, batch))))
+
+
+def with_plain_point(baseline: PlainBaseline | None, k: int, point: tuple[float, float]) -> PlainBaseline:
+    """``baseline`` of plain ``k`` with ``point`` as the latest of its band (a baseline of
+    another K is dropped: it measured a different config)."""
+    kept = () if baseline is None or baseline.k != k else baseline.points
+    band = _band(point[0])
+    return PlainBaseline(k=k, points=tuple(sorted([p for p in kept if _band(p[0]) != band] + [point])))
 
 
 def _batches_now(observed: Any) -> tuple[float, float] | None:
@@ -196,6 +241,15 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
         new = replace(new, batch_low=low, batch_high=high)
     if update.rejected is not None:
         new = replace(new, rejected_schedules=new.rejected_schedules | {update.rejected})
+    baseline = before.plain_baseline
+    if update.plain_point is not None and before.k is not None:
+        baseline = with_plain_point(baseline, before.k, update.plain_point)
+    # The baseline describes the plain K running, or the one the schedule in effect replaced
+    # (a revert returns to it); a move to another config leaves it behind.
+    owner = new.schedule_replaced_k if new.schedule is not None else (new.k if new.enabled else None)
+    if baseline is not None and baseline.k != owner:
+        baseline = None
+    new = replace(new, plain_baseline=baseline)
     note = update.note
     if note is None and new.schedule is not None:
         note = before.schedule_note if before.schedule is not None else None
@@ -357,11 +411,18 @@ def _under_schedule(
     if measured is None:
         return decision, ScheduleUpdate()
     plain_k = state.schedule_replaced_k or schedule.max_k
-    # The plain K it replaced at today's load, at the batch it would run there (Little's
-    # law), against what the schedule measured.
     workload = workload_of(est, est.alpha)
-    steady = perfmodel.steady_state(params, workload, plain_k)
-    best_k, best = plain_k, (math.inf if steady.saturated else steady.step_time_s / steady.tokens_per_step)
+    baseline = plain_baseline_at(state.plain_baseline, plain_k, params, est, obs.batch_per_pod)
+    if baseline is not None:
+        best, basis = baseline
+    else:
+        # Nothing measured before the rollout (a status from an older operator): the plain K
+        # at today's load, at the batch it would run there (Little's law), predicted with the
+        # step scale measured when the schedule was adopted.
+        steady = perfmodel.steady_state(params, workload, plain_k)
+        best = math.inf if steady.saturated else steady.step_time_s / steady.tokens_per_step
+        basis = f"predicted at that load ({best * 1e3:.2f} ms)"
+    best_k = plain_k
     # The per-step overhead: what the schedule measured beyond the model's schedule without
     # a schedule cost, per step at its tokens per step.
     bare = perfmodel.steady_state(replace(params, schedule_overhead_s=0.0), workload, schedule)
@@ -370,13 +431,12 @@ def _under_schedule(
         extra = (measured - bare.step_time_s / bare.tokens_per_step) * bare.tokens_per_step
         overhead = min(OVERHEAD_BOUNDS[1], max(OVERHEAD_BOUNDS[0], extra))
     tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
-    if _checking(settings, state, now) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
+    if _checking(settings, state, now) and _steady(obs) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
         over = measured / best - 1.0
         reason = (
             f"schedule {schedule.label} measured {measured * 1e3:.2f} ms per token at "
-            f"{est.request_rate:.1f} req/s{tpot}, {over:.0%} above {_label(best_k)} predicted at "
-            f"that load ({best * 1e3:.2f} ms; calibrated schedule overhead "
-            f"{0.0 if overhead is None else overhead * 1e3:.2f} ms per step): reverted to "
+            f"{est.request_rate:.1f} req/s{tpot}, {over:.0%} above {_label(best_k)} {basis}; calibrated schedule overhead "
+            f"{0.0 if overhead is None else overhead * 1e3:.2f} ms per step: reverted to "
             f"{_label(plain_k)} and not chosen again for this spec"
         )
         reverted = replace(
@@ -401,6 +461,31 @@ def _under_schedule(
             rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=new, step_scale=None,
         ), ScheduleUpdate(overhead_s=overhead, note=f"replaced: acceptance changed ({saving:.0%})")
     return decision, ScheduleUpdate(overhead_s=overhead)
+
+
+def plain_baseline_at(
+    baseline: PlainBaseline | None, k: int, params: EngineParams, est: Estimate, batch: float | None,
+) -> tuple[float, str] | None:
+    """Seconds per output token of plain ``k`` at running ``batch`` from what it measured before
+    the rollout: the measurement at the nearest batch, moved along the calibrated model's
+    curve of that K to ``batch`` (a ratio: the model's scale cancels, only its shape across
+    batches counts, and not at all at the same batch). None: nothing of that K measured."""
+    if baseline is None or baseline.k != k or not baseline.points or batch is None or batch <= 0:
+        return None
+    at, measured = min(baseline.points, key=lambda p: abs(math.log(p[0] / batch)))
+    context = est.prompt_tokens + est.output_tokens / 2.0
+    positions = _positions(est.alpha, params.acceptance_decay, max(1, k))
+    # Prompt tokens chunked into a step grow with the batch at the same request shape: both
+    # are the request rate times the step time (the batch up to the tokens per step).
+    prefill_per_running = _prefill(est, params) / batch
+
+    def curve(b: float) -> float:
+        return _per_token(params, k, [(b, 1.0)], context, positions, prefill_per_running * b)
+
+    moved = measured * curve(batch) / curve(at)
+    basis = (f"measured before the schedule ({measured * 1e3:.2f} ms per token at batch {at:.0f}, "
+             f"{moved * 1e3:.2f} ms at this batch {batch:.0f})")
+    return moved, basis
 
 
 def _replacement(

@@ -44,6 +44,17 @@ class Cause(StrEnum):
 
 
 @dataclass(frozen=True)
+class PlainBaseline:
+    """What a plain K measured on full windows while it ran, at most one window per factor-2
+    band of the running batch (the latest): the baseline a schedule that replaces that K is
+    checked against after its rollout (`control.schedules`)."""
+
+    k: int
+    points: tuple[tuple[float, float], ...] = ()
+    """(mean running batch of a replica, engine seconds per output token), by batch."""
+
+
+@dataclass(frozen=True)
 class ControlState:
     """What the control loop knows between two evaluations (all of it from status)."""
 
@@ -98,6 +109,9 @@ class ControlState:
     batch_high: float | None = None
     """status.observations.recentPeakRunningRequests: the largest running batch of a replica
     seen lately (a new peak at once, forgotten over hours): the top of that range."""
+    plain_baseline: PlainBaseline | None = None
+    """status.observations.plainBaseline: what the plain K measured before a schedule replaced
+    it (kept while that K or its schedule runs)."""
     below_floor_since: float | None = None
     """status.speculation.belowFloorSince: since when the guard window of the running config
     has shown acceptance confidently below the floor at every evaluation (None: the last one
@@ -278,6 +292,7 @@ def from_status(
         below_floor_since=timestamps.epoch_seconds_or_none(effective.below_floor_since),
         batch_low=earlier.recent_low_running_requests if earlier else None,
         batch_high=earlier.recent_peak_running_requests if earlier else None,
+        plain_baseline=_plain_baseline(earlier.plain_baseline if earlier else None),
     )
     return ControlState(
         **schedule_memory,
@@ -293,6 +308,23 @@ def from_status(
 
 
 _ACTIONS = {a.value for a in Action}
+
+
+def _plain_baseline(stored: Optional[api.PlainBaseline]) -> PlainBaseline | None:
+    if stored is None:
+        return None
+    return PlainBaseline(k=stored.k, points=tuple(sorted(
+        (p.running_requests, p.seconds_per_output_token) for p in stored.points
+        if p.running_requests > 0 and p.seconds_per_output_token > 0
+    )))
+
+
+def _plain_baseline_status(baseline: PlainBaseline | None) -> Optional[dict]:
+    if baseline is None:
+        return None
+    return {"k": baseline.k, "points": [
+        {"runningRequests": round(b, 2), "secondsPerOutputToken": round(t, 7)} for b, t in baseline.points
+    ]}
 
 
 def to_status(
@@ -350,7 +382,8 @@ def to_status(
                  None if state.schedule_overhead_s is None else round(state.schedule_overhead_s, 6)
              ),
              "recentLowRunningRequests": None if state.batch_low is None else round(state.batch_low, 2),
-             "recentPeakRunningRequests": None if state.batch_high is None else round(state.batch_high, 2)}
+             "recentPeakRunningRequests": None if state.batch_high is None else round(state.batch_high, 2),
+             "plainBaseline": _plain_baseline_status(state.plain_baseline)}
         )
     history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]
     if [r.to_wire() for r in history] == [r.to_wire() for r in status.history]:
