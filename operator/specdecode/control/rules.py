@@ -839,12 +839,16 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"the confidence box; keeping {label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
-    low = _reversion_loss(ctx, calibration, est, current, best)
+    # The recent low judges the move the model prefers (the longest draft within the
+    # hysteresis): acceptance that swung that far lately says no longer draft is a safe bet,
+    # even one the model says would survive the swing (bursty n-gram traffic: a canary and a
+    # fallback cost more than the shorter draft could win).
+    low = _reversion_loss(ctx, calibration, est, current, longest)
     if low is not None:
         return _make(
             ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
-            f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance was "
-            f"{low:.2f} within the last hour and, should it return there, {label(best)} "
+            f"{label(longest)} predicted {fmt_x(preds[longest].speedup)}, but acceptance was "
+            f"{low:.2f} within the last hour and, should it return there, {label(longest)} "
             f"loses more than it gains now; keeping {label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
