@@ -685,6 +685,27 @@ def test_hedge_outlook_prices_the_premium_and_the_future():
     assert hedge.hedge_outlook(calibration, est, 3, OFF, auto(max_surge=1)) is None
 
 
+def test_no_hedge_while_acceptance_recovers_out_of_the_zone():
+    """K=3 at 15 req/s: at alpha 0.7 the replica left during a rollout carries ~17 req/s and
+    the hedge turns speculation off. When the 75-second window shows 0.8 (acceptance
+    recovering, the long window not caught up), the capacity is rising out of the zone: no
+    hedge, and the reason says why. A recovery that still ends in the zone hedges."""
+    def windows(rate: float, long_alpha: float, short_alpha: float) -> PolicyObservations:
+        return PolicyObservations.of(observe(Workload(rate, 1000, 300, 0, long_alpha), 3, 300),
+                                     observe(Workload(rate, 1000, 300, 0, short_alpha), 3, 75))
+
+    steady = rules.decide(auto(max_surge=0), on(3), windows(15, 0.7, 0.7), (), NOW)
+    assert steady.action is Action.DISABLE and steady.rule == "hedge"
+    recovering = rules.decide(auto(max_surge=0), on(3), windows(15, 0.7, 0.8), (), NOW)
+    assert recovering.action is Action.HOLD and recovering.k == 3
+    assert "acceptance is recovering (0.80" in recovering.reason
+    still_in_zone = rules.decide(auto(max_surge=0), on(3), windows(16.6, 0.7, 0.85), (), NOW)
+    assert still_in_zone.action is Action.DISABLE and still_in_zone.rule == "hedge"
+    # Falling acceptance lowers the capacity: the long window's hedge stands.
+    falling = rules.decide(auto(max_surge=0), on(3), windows(15, 0.7, 0.6), (), NOW)
+    assert falling.action is Action.DISABLE and falling.rule == "hedge"
+
+
 def test_a_hedge_is_not_undone_while_the_load_is_near_the_zone():
     """Off after a hedge at 14 req/s: K=2 pays at this load, but it would be locked in."""
     near = rules.decide(auto(max_surge=0), off(since=NOW - 4000), both(Workload(14, 1000, 300, 0, 0.8), OFF), DISABLED, NOW)
@@ -749,14 +770,49 @@ def test_recent_low_alpha_stays_between_the_old_low_and_the_present(previous, el
 
 
 def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():
-    """n-gram at 12 req/s and alpha 0.75 wants K=8; had acceptance been 0.12 within the last
-    hour, K=8 would lose far more there than it gains now: K=3 is kept, with the reason."""
+    """n-gram at 12 req/s and alpha 0.75 prefers K=8 (and moves to K=6, within the
+    hysteresis: `shortest_near_best`); had acceptance been 0.12 within the last hour, K=8
+    would lose far more there than it gains now: K=3 is kept, with the reason. The recent
+    low judges the model's preferred move, not the shorter draft (which the model says
+    would survive the swing: on bursty traffic a canary and a fallback cost more)."""
     busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
     settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
     steady = rules.decide(settings, on(3), busy, (), NOW)
-    assert steady.action is Action.SET_K and steady.k == 8
+    assert steady.action is Action.SET_K and steady.k == 6
     wary = rules.decide(settings, replace(on(3), recent_low_alpha=0.12), busy, (), NOW)
     assert wary.action is Action.HOLD and wary.k == 3
-    assert "0.12 within the last hour" in wary.reason
+    assert "0.12 within the last hour" in wary.reason and "K=8" in wary.reason
     # A dip within the noise (less than reversion_min_drop) changes nothing.
-    assert rules.decide(settings, replace(on(3), recent_low_alpha=0.7), busy, (), NOW).k == 8
+    assert rules.decide(settings, replace(on(3), recent_low_alpha=0.7), busy, (), NOW).k == 6
+
+
+def test_a_longer_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
+    """n-gram at 12 req/s and alpha 0.75: K=8 is predicted best, K=6 and K=7 within the 5 %
+    hysteresis. The move takes K=6, the smallest bet on acceptance staying high (at 0.14, as
+    in a chat phase, K=8 is 13 % slower than K=6), and says so."""
+    busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
+    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
+    decision = rules.decide(settings, on(3), busy, (), NOW)
+    scores = {p.k: p.score for p in decision.predictions}
+    assert max(scores, key=scores.get) == 8 and scores[6] * 1.05 >= scores[8]
+    assert decision.action is Action.SET_K and decision.k == 6 and decision.rule == "tune"
+    assert "K=8" in decision.reason and "shorter draft loses less if acceptance falls" in decision.reason
+
+
+@pytest.mark.parametrize(
+    "scores, current, expected",
+    [
+        # The scores of heldback-ngram-phases at 10 minutes (n-gram, alpha 0.71): K=6, not K=8.
+        ({0: 0.32, 1: 0.538, 2: 0.705, 3: 0.818, 4: 0.894, 5: 0.943, 6: 0.974, 7: 0.991, 8: 1.0}, 3, 6),
+        # K=5 is within 5 % of K=8 but not 5 % above K=3: K=6 is the shortest that pays.
+        ({3: 0.92, 4: 0.95, 5: 0.965, 6: 0.975, 8: 1.0}, 3, 6),
+        # A clear best: nothing within the hysteresis.
+        ({3: 0.7, 4: 0.8, 5: 0.9, 6: 1.0}, 3, 6),
+        # A move to a shorter draft keeps the best (K=4 is within 5 % of K=3 but longer).
+        ({3: 1.0, 4: 0.97, 8: 0.6}, 8, 3),
+        ({OFF: 1.0, 1: 0.97, 3: 0.5}, 3, OFF),
+    ],
+)
+def test_shortest_near_best(scores, current, expected):
+    best = max(scores, key=scores.get)
+    assert rules.shortest_near_best(scores, best, current, 0.05) == expected

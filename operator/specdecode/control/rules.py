@@ -502,6 +502,21 @@ def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bo
     return False
 
 
+def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
+    """The short window's acceptance when it is confidently above the long window's ``est``
+    (acceptance rising, the long window not caught up), with the short window's own sample
+    minimum; None otherwise."""
+    obs = ctx.observed.guard
+    s = ctx.settings
+    if obs is None or obs.idle or est.alpha is None:
+        return None
+    short = ctx.estimate(obs)
+    if short.alpha is None or short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
+        return None
+    sigma = math.hypot(short.alpha_stderr or 0.0, est.alpha_stderr or 0.0)
+    return short.alpha if short.alpha - est.alpha > ctx.tuning.confidence_z * sigma else None
+
+
 def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool) -> Decision | None:
     """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window).
     ``below_floor``: the window's acceptance is confidently below the floor
@@ -770,6 +785,17 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     )
     low, high = _window_rates(ctx, est)
     hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
+    recovering = _recovering_alpha(ctx, est)
+    if hedge is not None and recovering is not None and best_hedge(
+        calibration, est, current, preds, s, low, t.hedge_zone, high, alpha=recovering
+    ) is None:
+        return _make(
+            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+            f"capacity hedge to {label(hedge.target)} at alpha {est.alpha:.2f}, but acceptance is "
+            f"recovering ({recovering:.2f} on the {fmt_s(s.guard_window_s)} window): at that "
+            f"acceptance {label(current)} is out of the hedge zone; keeping {label(current)} {context}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
     if hedge is not None:
         reason = f"capacity hedge: {describe_hedge(hedge, low)}"
         return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
@@ -784,6 +810,9 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             break
         if locked is None:
             locked = hedge_back
+    longest, shorter = best, shortest_near_best({k: p.score for k, p in preds.items()}, best, current, t.min_gain)
+    if shorter != best and _locked_in(ctx, calibration, est, preds, shorter, high) is None:
+        best = shorter
     best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
         h = locked
@@ -810,20 +839,46 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"the confidence box; keeping {label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
-    low = _reversion_loss(ctx, calibration, est, current, best)
+    # The recent low judges the move the model prefers (the longest draft within the
+    # hysteresis): acceptance that swung that far lately says no longer draft is a safe bet,
+    # even one the model says would survive the swing (bursty n-gram traffic: a canary and a
+    # fallback cost more than the shorter draft could win).
+    low = _reversion_loss(ctx, calibration, est, current, longest)
     if low is not None:
         return _make(
             ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
-            f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance was "
-            f"{low:.2f} within the last hour and, should it return there, {label(best)} "
+            f"{label(longest)} predicted {fmt_x(preds[longest].speedup)}, but acceptance was "
+            f"{low:.2f} within the last hour and, should it return there, {label(longest)} "
             f"loses more than it gains now; keeping {label(current)} {context}",
             metrics=flags, predictions=preds, est=est, scale=scale,
         )
     reason = f"predicted {summary(preds, (best, current))} {context}"
+    if best != longest:
+        reason += (f"; {label(longest)} ({fmt_x(preds[longest].speedup)}) is within {t.min_gain:.0%} of "
+                   f"{label(best)}, and the shorter draft loses less if acceptance falls")
     return _change(ctx, best, Rule.TUNE, reason, preds, flags, est, scale, guard=False)
 
 
 # --- assembling decisions ------------------------------------------------------------------
+
+
+def shortest_near_best(scores: Mapping[int, float], best: int, current: int, tolerance: float) -> int:
+    """For a move to a longer draft (``best`` > ``current``): the shortest draft longer than
+    ``current`` that the model cannot tell from ``best`` (predicted within ``tolerance``, the
+    tuning hysteresis) and that still beats ``current`` by it; ``best`` otherwise.
+
+    Predictions closer than the hysteresis are not trusted apart, but they are not alike in
+    risk. A longer draft is a bet that acceptance stays where it was measured: every step
+    drafts and verifies K tokens and only the accepted ones pay, so the K that wins by a hair
+    at today's acceptance loses the most when acceptance falls, and the service runs whatever
+    it moved to for as long as a restart is unaffordable (n-gram at acceptance 0.7 predicts
+    K=8 2-3 % above K=6; at 0.14 K=8 is 13 % slower than K=6 and 33 % slower than K=3). A
+    move to a shorter draft carries no such bet: it keeps ``best``."""
+    if best == OFF or best <= current or current == OFF:
+        return best
+    bar = max(scores[best] / (1.0 + tolerance), scores.get(current, 0.0) * (1.0 + tolerance))
+    longer = [k for k in scores if current < k < best and scores[k] >= bar]
+    return min(longer, default=best)
 
 
 def _change(
