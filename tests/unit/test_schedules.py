@@ -279,11 +279,7 @@ def test_a_window_that_mixed_loads_is_no_baseline_nor_a_verdict():
 def test_a_plain_k_evaluation_records_its_window_and_the_baseline_survives_the_status():
     """A step on plain K=3 records the window it measured; written to status.observations and
     read back (a restarted operator keeps it)."""
-    spec = api.parse_spec({
-        "model": {"name": "m"},
-        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
-        "replicas": 2, "autotune": {"schedules": "Auto"},
-    })
+    spec = _spec(replicas=2)
     status = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW - 7200),
         cause="Policy", config_hash="hash", live=True, live_since=timestamps.rfc3339(NOW - 7000),
@@ -302,11 +298,7 @@ def test_a_plain_k_evaluation_records_its_window_and_the_baseline_survives_the_s
 
 def test_the_revert_is_written_to_status_and_read_back():
     truth = replace(TRUTH, schedule_penalty=0.4)
-    spec = api.parse_spec({
-        "model": {"name": "m"},
-        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
-        "replicas": 2, "autotune": {"schedules": "Auto"},
-    })
+    spec = _spec(replicas=2)
     status = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW - 600),
         cause="Policy", config_hash="hash", live=True, live_since=timestamps.rfc3339(NOW - 420),
@@ -336,11 +328,7 @@ def test_a_reconcile_keeps_the_schedule_the_loop_adopted():
     plain K (a restart) and the loop forgets what it adopted (found by the e2e test)."""
     from specdecode.control import status as cstatus
 
-    spec = api.parse_spec({
-        "model": {"name": "m"},
-        "speculation": {"method": "draft_model", "draftModel": "d", "numSpeculativeTokens": 3},
-        "replicas": 2, "autotune": {"schedules": "Auto"},
-    })
+    spec = _spec(replicas=2)
     adopted = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
         enabled=True, method="draft_model", k=3, since=timestamps.rfc3339(NOW), cause="Policy",
         spec_hash=cs.declared_speculation_hash(spec), schedule=SCHEDULE.label, schedule_replaced_k=3,
@@ -365,12 +353,16 @@ def test_a_reconcile_keeps_the_schedule_the_loop_adopted():
 # --- support ---------------------------------------------------------------------------------------
 
 
-def _spec(version: str, method: str = "draft_model", **speculation) -> api.SpecDecodeServiceSpec:
+def _spec(version: str | None = None, method: str = "draft_model", *, replicas: int | None = None,
+          **speculation) -> api.SpecDecodeServiceSpec:
+    """K=3 with schedules on Auto; `version`, `replicas`: the spec's, when given."""
     return api.parse_spec({
         "model": {"name": "m"},
         "speculation": {"method": method, **({"draftModel": "d"} if method == "draft_model" else {}),
                         "numSpeculativeTokens": 3, **speculation},
-        "engine": {"version": version}, "autotune": {"schedules": "Auto"},
+        **({"engine": {"version": version}} if version is not None else {}),
+        **({"replicas": replicas} if replicas is not None else {}),
+        "autotune": {"schedules": "Auto"},
     })
 
 

@@ -783,18 +783,21 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         f"at {est.request_rate:.2f} req/s (batch {est.batch_per_replica or 0:.0f}/replica), "
         f"alpha {fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
     )
+
+    def hold(reason: str) -> Decision:
+        return _make(ctx, Action.HOLD, ctx.state.k, Rule.HOLD, reason,
+                     metrics=flags, predictions=preds, est=est, scale=scale)
+
     low, high = _window_rates(ctx, est)
     hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
     recovering = _recovering_alpha(ctx, est)
     if hedge is not None and recovering is not None and best_hedge(
         calibration, est, current, preds, s, low, t.hedge_zone, high, alpha=recovering
     ) is None:
-        return _make(
-            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+        return hold(
             f"capacity hedge to {label(hedge.target)} at alpha {est.alpha:.2f}, but acceptance is "
             f"recovering ({recovering:.2f} on the {fmt_s(s.guard_window_s)} window): at that "
-            f"acceptance {label(current)} is out of the hedge zone; keeping {label(current)} {context}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
+            f"acceptance {label(current)} is out of the hedge zone; keeping {label(current)} {context}"
         )
     if hedge is not None:
         reason = f"capacity hedge: {describe_hedge(hedge, low)}"
@@ -816,28 +819,22 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
         h = locked
-        return _make(
-            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+        return hold(
             f"{label(wanted)} predicted {fmt_x(preds[wanted].speedup)}, but at "
             f"{high:.2f} req/s it would be locked in (a restart needs the load below "
             f"{h.rollout_capacity_rps:.1f} req/s, and at its capacity {label(h.target)} "
-            f"would be {fmt_pct(h.benefit)} faster); keeping {label(current)} {context}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
+            f"would be {fmt_pct(h.benefit)} faster); keeping {label(current)} {context}"
         )
     if best == current or preds[best].score < cur.score * (1 + t.min_gain):
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
-        return _make(
-            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
-            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
+        return hold(
+            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}"
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
-        return _make(
-            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+        return hold(
             f"{label(best)} predicted {fmt_x(preds[best].speedup)} but not at every corner of "
-            f"the confidence box; keeping {label(current)} {context}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
+            f"the confidence box; keeping {label(current)} {context}"
         )
     # The recent low judges the move the model prefers (the longest draft within the
     # hysteresis): acceptance that swung that far lately says no longer draft is a safe bet,
@@ -845,12 +842,10 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     # fallback cost more than the shorter draft could win).
     low = _reversion_loss(ctx, calibration, est, current, longest)
     if low is not None:
-        return _make(
-            ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+        return hold(
             f"{label(longest)} predicted {fmt_x(preds[longest].speedup)}, but acceptance was "
             f"{low:.2f} within the last hour and, should it return there, {label(longest)} "
-            f"loses more than it gains now; keeping {label(current)} {context}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
+            f"loses more than it gains now; keeping {label(current)} {context}"
         )
     reason = f"predicted {summary(preds, (best, current))} {context}"
     if best != longest:
