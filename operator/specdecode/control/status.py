@@ -252,8 +252,7 @@ def next_status(
     # The control loop writes SpeculationEffective with its numbers; keep its message while the
     # status (on/off) agrees with the choice, so reconcile and evaluation do not fight. This
     # pass's own "rolling out" is not the loop's: once the config runs it says so.
-    ours_outdated = existing is not None and existing.message != spec_cond[2] and \
-        existing.message == f"{described} rolling out"
+    ours_outdated = existing is not None and existing.message == f"{described} rolling out"
     if existing is None or (existing.status == "True") != spec_cond[0] or ours_outdated:
         conds = set_condition(conds, C.COND_SPECULATION_EFFECTIVE, *spec_cond, now, generation)
 

@@ -158,12 +158,12 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         nodes = max(4, math.ceil(pods / 64) + 1)
         cluster = stack.start_cluster(cluster_name, nodes=nodes, gpus_per_node=64, ready_delay="2s",
                                       recreate=False, keep=keep, build_progress=False)
+        api_client = load_config(str(cluster.kubeconfig))
         k = steady_k()
         floor_s = None
         if floor:
             progress(f"the stack alone: applying the {services} Deployments with no operator")
-            floor_s = stack_floor(load_config(str(cluster.kubeconfig)), stack.kubectl_command, services, k,
-                                  serve_timeout_s)
+            floor_s = stack_floor(api_client, stack.kubectl_command, services, k, serve_timeout_s)
             progress("the stack alone: " + ("not all available" if floor_s is None
                                             else f"all available {floor_s:.0f} s after the apply began"))
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
@@ -173,7 +173,7 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         scenario = workdir / "fleet-steady.yaml"
         scenario.write_text(yaml.safe_dump(scenario_document()))
         stack.start_simulator(str(scenario), prometheus, label="fleet", namespaces=[NAMESPACE])
-        custom = _custom_objects(load_config(str(cluster.kubeconfig)))
+        custom = _custom_objects(api_client)
         audit = live.AuditLog(cluster.audit_log)
         before_apply = audit.mark()
 
