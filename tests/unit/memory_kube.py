@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Optional
 
 from specdecode import constants as C
+from specdecode.shell.bodies import ServiceBodies
 from specdecode.shell.kube import Conflict
 
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
@@ -34,6 +35,7 @@ class MemoryKube:
         self.writes = Writes()
         self.read_log: list[tuple[str, str]] = []  # (verb, kind) of every read, in order
         self._version = 0
+        self.services = ServiceBodies()  # as Kube's: fed by status writes and kopf's views
 
     # ----------------------------------------------------------------------------- test setup
 
@@ -125,6 +127,7 @@ class MemoryKube:
         live["status"] = copy.deepcopy(status)
         live["metadata"]["resourceVersion"] = self._next_version()
         self.writes.status.append(copy.deepcopy(status))
+        self.services.wrote(copy.deepcopy(live))
         return copy.deepcopy(live)
 
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> None:

@@ -4,6 +4,7 @@ stand-in (tests/unit/memory_kube.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
 
 import pytest
@@ -188,6 +189,69 @@ def test_a_deployment_event_reads_the_deployment_alone_and_a_full_pass_everythin
     kube.read_log.clear()
     controller.reconcile("team-a", "llama")
     assert {("get", "Deployment"), ("get", "Service"), ("get", "PodDisruptionBudget")} <= set(kube.read_log)
+
+
+class _Watch(Mapping):
+    """kopf's view of a service: one mapping whose whole body its watch swaps as events arrive."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def __getitem__(self, key):
+        return self.body[key]
+
+    def __iter__(self):
+        return iter(self.body)
+
+    def __len__(self):
+        return len(self.body)
+
+
+def _followed():
+    """A new service after its first reconcile, followed as kopf's handlers follow it."""
+    kube, controller = _reconciled()
+    watch = _Watch(kube.service())
+    controller.follow(watch)
+    return kube, controller, watch
+
+
+def test_a_deployment_event_of_a_followed_service_turns_it_serving_without_a_read():
+    from specdecode.shell.controller import Children
+
+    kube, controller, _ = _followed()
+    _ready(kube)
+    event = kube.get("apps/v1", "Deployment", "llama", "team-a")
+    kube.read_log.clear()
+    assert controller.reconcile("team-a", "llama", Children.deployment(event)) == "ok"
+    assert kube.read_log == []  # the service from kopf's view, the Deployment from its event
+    assert kube.service()["status"]["phase"] == "Serving"
+
+
+def test_a_late_deployment_event_is_not_taken_for_the_deployment_and_serving_stays():
+    from specdecode.shell.controller import Children
+
+    kube, controller, watch = _followed()
+    late = kube.get("apps/v1", "Deployment", "llama", "team-a")  # before its pods were ready
+    _ready(kube)
+    controller.reconcile("team-a", "llama")
+    watch.body = kube.service()
+    assert watch.body["status"]["phase"] == "Serving"
+    kube.read_log.clear()
+    controller.reconcile("team-a", "llama", Children.deployment(late))
+    assert ("get", "Deployment") in kube.read_log
+    assert kube.service()["status"]["phase"] == "Serving"
+
+
+def test_an_edit_the_watch_has_not_shown_yet_is_read_when_the_status_write_conflicts():
+    from specdecode.shell.controller import Children
+
+    kube, controller, _ = _followed()  # kopf's view stays at the first pass
+    kube.edit_spec({"replicas": 3})
+    _ready(kube)
+    event = kube.get("apps/v1", "Deployment", "llama", "team-a")
+    assert controller.reconcile("team-a", "llama", Children.deployment(event)) == "ok"
+    assert kube.get("apps/v1", "Deployment", "llama", "team-a")["spec"]["replicas"] == 3
+    assert kube.service()["status"]["observedGeneration"] == 2
 
 
 def test_a_deployment_event_after_a_failed_apply_looks_at_every_child():

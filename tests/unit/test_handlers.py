@@ -56,13 +56,15 @@ def test_each_object_shares_the_controller_and_keeps_its_own_evaluation_memory()
 def test_handlers_before_startup_ask_kopf_to_retry():
     memo = handlers.Memo(OperatorSettings())
     with pytest.raises(kopf.TemporaryError, match="still starting"):
-        handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(memo), retry=0)
+        handlers.sds_reconcile(body={"metadata": {}}, namespace="team-a", name="llama", memo=_per_object(memo),
+                               retry=0)
 
 
 def test_a_reconcile_creates_the_children_through_the_memo():
     kube = MemoryKube()
     kube.create_service(spec_with({}))
-    handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(_started(kube)), retry=0)
+    handlers.sds_reconcile(body=kube.service(), namespace="team-a", name="llama", memo=_per_object(_started(kube)),
+                           retry=0)
     assert kube.get("apps/v1", "Deployment", "llama", "team-a") is not None
     assert kube.service()["status"]["phase"] == "Progressing"
 
@@ -78,7 +80,8 @@ def test_a_child_that_cannot_be_written_is_reported_in_status_and_retried():
     kube = _DeploymentForbidden()
     kube.create_service(spec_with({}))
     with pytest.raises(kopf.TemporaryError, match=r"some children could not be written .* retry 3 in"):
-        handlers.sds_reconcile(namespace="team-a", name="llama", memo=_per_object(_started(kube)), retry=2)
+        handlers.sds_reconcile(body=kube.service(), namespace="team-a", name="llama",
+                               memo=_per_object(_started(kube)), retry=2)
     degraded = next(c for c in kube.service()["status"]["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and "applying Deployment failed: 403 Forbidden" in degraded["message"]
 
@@ -92,7 +95,8 @@ def test_a_forbidden_read_of_the_service_logs_the_fix(caplog):
     memo = _per_object(_started(_Down()))
     with caplog.at_level(logging.ERROR, logger="specdecode.shell.handlers"):
         with pytest.raises(kopf.TemporaryError, match=r"reconcile failed \(403 Forbidden\); retry 1 in"):
-            handlers.sds_reconcile(namespace="team-a", name="llama", memo=memo, retry=0)
+            handlers.sds_reconcile(body={"metadata": {"namespace": "team-a", "name": "llama"}}, namespace="team-a",
+                                   name="llama", memo=memo, retry=0)
     [record] = caplog.records
     assert "ClusterRole" in record.getMessage() and "manifests/base/rbac.yaml" in record.getMessage()
 
@@ -101,12 +105,12 @@ def test_a_deployment_event_reconciles_its_service_and_never_raises(caplog):
     kube = MemoryKube()
     kube.create_service(spec_with({}))
     memo = _started(kube)
-    handlers.deployment_event(type="MODIFIED", namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
+    handlers.deployment_event(type="MODIFIED", body={}, namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
                               memo=_per_object(memo))
     assert kube.service()["status"]["phase"] == "Progressing"
     down = _started(_Down())
     with caplog.at_level(logging.WARNING, logger="specdecode.shell.handlers"):
-        handlers.deployment_event(type="MODIFIED", namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
+        handlers.deployment_event(type="MODIFIED", body={}, namespace="team-a", labels={C.LABEL_SERVICE: "llama"},
                                   memo=_per_object(down))
     assert any("team-a/llama: reconcile failed (403 Forbidden)" in r.getMessage() for r in caplog.records)
 
@@ -155,11 +159,14 @@ def test_the_periodic_pass_reconciles_in_the_repairs_own_threads():
     threads = []
 
     class Recording:
+        def follow(self, body):
+            pass
+
         def reconcile(self, namespace, name, children=None):
             threads.append((namespace, name, threading.current_thread().name))
             return "ok"
 
     obj.controller = Recording()
-    asyncio.run(handlers.sds_timer(namespace="team-a", name="llama", memo=obj, retry=0))
+    asyncio.run(handlers.sds_timer(body={"metadata": {}}, namespace="team-a", name="llama", memo=obj, retry=0))
     [(namespace, name, thread)] = threads
     assert (namespace, name) == ("team-a", "llama") and thread.startswith("repair")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from kubernetes.client.exceptions import ApiException
 
@@ -28,7 +28,8 @@ from ..render import preflight, workload as render
 from ..control import fallback
 from ..control import state as cs
 from ..control import status as st
-from .kube import Kube, content_drift
+from .bodies import version_order
+from .kube import Conflict, Kube, content_drift
 
 Clock = Callable[[], datetime]
 
@@ -55,21 +56,22 @@ class Children:
     reads). Every child by default, with the check for stale ones. `only`: these kinds and the
     Deployment (status reports its rollout), no stale check: a Deployment event says nothing
     about the Service. `new`: a service just created, whose children are taken as absent:
-    applied without a read, and none can be stale.
-
-    A child read is never replaced by the object of its watch event: an event that waited in
-    kopf's queue may predate a newer state and would turn Serving back into Progressing."""
+    applied without a read, and none can be stale. `seen`: a child as its watch event
+    delivered it, used instead of reading it when it is at least as new as every version of it
+    the operator has read or written (an event that waited in kopf's queue may predate a newer
+    state, and would turn Serving back into Progressing: that one is read)."""
 
     only: Optional[frozenset[str]] = None
     new: bool = False
+    seen: Optional[dict[str, Any]] = field(default=None, compare=False)
 
     @classmethod
     def new_service(cls) -> "Children":
         return cls(new=True)
 
     @classmethod
-    def deployment(cls) -> "Children":
-        return cls(only=frozenset({"Deployment"}))
+    def deployment(cls, seen: Optional[dict[str, Any]] = None) -> "Children":
+        return cls(only=frozenset({"Deployment"}), seen=seen)
 
 
 EVERYTHING = Children()
@@ -132,6 +134,9 @@ class Controller:
         # Objects whose last apply changed nothing although content_drift saw a difference
         # (the apiserver's own spelling of a value), by (kind, namespace, name): resourceVersion.
         self._noop_applies: dict[tuple[str, str, str], str] = {}
+        # The newest version of each child read or written, by (kind, namespace, name): a
+        # child a watch event delivered is used unread only when it is not older than this.
+        self._child_versions: dict[tuple[str, str, str], int] = {}
 
     def lock_for(self, namespace: str, name: str) -> threading.RLock:
         """One lock per service: reconciles and evaluations of a service never interleave (an
@@ -141,26 +146,57 @@ class Controller:
 
     # ------------------------------------------------------------------------------ reconcile
 
+    def follow(self, body: Mapping[str, Any]) -> None:
+        """Read the service from kopf's view of it (it follows the watch) instead of the API."""
+        self.kube.services.follow(body)
+
     def reconcile(self, namespace: str, name: str, children: Children = EVERYTHING) -> str:
         """One pass; returns its outcome: ok, error (a child could not be written: retry),
         invalid_spec (waits for a spec change) or gone. `children`: which to read (default:
-        every one)."""
+        every one). The service is the newest version this process knows (kopf's watch, our
+        own writes) and is read from the API only when none is known, or when a status write
+        finds that one stale."""
         with self.lock_for(namespace, name):
-            body = self.kube.get(C.API_VERSION, C.KIND, name, namespace)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                instrumentation.forget_service(namespace, name)
-                return "gone"
-            if children.only is not None and _apply_failed(body):
-                # A partial pass cannot tell whether the failed child is repaired now: look at all.
-                children = EVERYTHING
+            known = self.kube.services.newest(namespace, name)
             try:
-                result = self._reconcile(body, children)
-            except Exception:
-                instrumentation.RECONCILES.labels("error").inc()
-                instrumentation.ERRORS.labels("reconcile").inc()
-                raise
-            instrumentation.RECONCILES.labels(result).inc()
-            return result
+                return self._pass(namespace, name, known or self.kube.get(C.API_VERSION, C.KIND, name, namespace),
+                                  children)
+            except Conflict:
+                if known is None:
+                    raise
+            # Someone wrote the service since the watch showed it: read it and pass again,
+            # reading the children too (what the first pass applied is not applied twice).
+            return self._pass(namespace, name, self.kube.get(C.API_VERSION, C.KIND, name, namespace),
+                              EVERYTHING if children.new else children)
+
+    def _pass(self, namespace: str, name: str, body: Optional[dict[str, Any]], children: Children) -> str:
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self._forget(namespace, name)
+            return "gone"
+        if children.only is not None and _apply_failed(body):
+            # A partial pass cannot tell whether the failed child is repaired now: look at all.
+            children = EVERYTHING
+        try:
+            result = self._reconcile(body, children)
+        except Conflict:
+            raise  # not an error: the pass is made again on a newer version
+        except Exception:
+            instrumentation.RECONCILES.labels("error").inc()
+            instrumentation.ERRORS.labels("reconcile").inc()
+            raise
+        instrumentation.RECONCILES.labels(result).inc()
+        return result
+
+    def _forget(self, namespace: str, name: str) -> None:
+        """A service is gone: drop what this process kept of it and its children."""
+        self.kube.services.forget(namespace, name)
+        instrumentation.forget_service(namespace, name)
+        children = {name, render.canary_name(name)}
+        with self._locks_guard:
+            for kept in (self._child_versions, self._noop_applies):
+                for key in [k for k in kept if k[1] == namespace and k[2] in children]:
+                    del kept[key]
+            self._canary_gone.pop((namespace, name), None)
 
     def _reconcile(self, body: dict[str, Any], children: Children = EVERYTHING) -> str:
         now = self.clock()
@@ -322,7 +358,7 @@ class Controller:
             live: Optional[dict[str, Any]] = None
             try:
                 if not children.new:
-                    live = self.kube.get(obj["apiVersion"], kind, obj["metadata"]["name"], service.namespace)
+                    live = self._read_child(obj, service.namespace, children.seen)
                 if self._needs_apply(obj, live):
                     result = self._apply_one(obj, live, body, now)
                     if live is None or _resource_version(result) != _resource_version(live):
@@ -332,6 +368,7 @@ class Controller:
                         # say), not drift. Remember it so the next pass does not apply again.
                         self._noop_applies[_object_key(obj)] = _resource_version(result)
                     live = result
+                    self._saw_child((kind, service.namespace, obj["metadata"]["name"]), live)
             except ApiException as err:
                 instrumentation.ERRORS.labels("apply").inc()
                 errors.append(f"applying {kind} failed: {_api_error_message(err)}")
@@ -346,6 +383,30 @@ class Controller:
             # Deployment passes, so those look for a stale one too.
             self._delete_stale_canary(objects, service, applied, errors, experiment)
         return LiveChildren(deployment, canary, applied, "; ".join(errors) or None)
+
+    def _read_child(self, obj: dict[str, Any], namespace: str, seen: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """The child as its watch event delivered it when that is the newest version known, else
+        as the API has it now."""
+        key = (obj["kind"], namespace, obj["metadata"]["name"])
+        if seen is not None:
+            seen_meta = seen.get("metadata") or {}
+            order = version_order(seen)
+            with self._locks_guard:
+                known = self._child_versions.get(key)
+            if ((seen.get("kind", obj["kind"]), seen_meta.get("namespace"), seen_meta.get("name")) == key
+                    and order is not None and (known is None or order >= known)):
+                self._saw_child(key, seen)
+                return seen
+        live = self.kube.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], namespace)
+        self._saw_child(key, live)
+        return live
+
+    def _saw_child(self, key: tuple[str, str, str], live: Optional[dict[str, Any]]) -> None:
+        """Remember the resourceVersion of a child just read or written (not the child)."""
+        order = version_order(live)
+        if order is not None:
+            with self._locks_guard:
+                self._child_versions[key] = max(order, self._child_versions.get(key, order))
 
     def _delete_stale_canary(self, objects: list[dict[str, Any]], service: api.SpecDecodeService,
                              applied: list[str], errors: list[str], experiment: str) -> None:

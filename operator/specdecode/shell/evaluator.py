@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import api
 from .. import constants as C
-from . import crashpoints, instrumentation
+from . import crashpoints, instrumentation, process_memory
 from ..control import memo
 from ..control import metrics
 from ..control import evaluation
@@ -253,6 +253,8 @@ class Evaluator:
                 del self._flights[key]
             flight.result = result
             flight.done.set()
+            if result is not None:
+                process_memory.release_free()  # the last tick's answer and memos are gone
 
     def _access_for(
         self, spec: api.SpecDecodeServiceSpec, namespace: str, at: float

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
-import ctypes.util
 import functools
 import hashlib
 import json
@@ -26,7 +24,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import constants as C
-from . import instrumentation
+from . import instrumentation, process_memory
 from . import settings as settings_module
 from .controller import EVERYTHING, Children, Controller
 from .evaluator import Evaluator, ServiceMemory
@@ -100,24 +98,10 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return {"digest": hashlib.sha256(text.encode()).hexdigest()}
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives each thread that allocates its own heap (up to 8 per core), and each keeps
-    what it once held: with the reconcile, evaluation and Prometheus threads of a large fleet
-    that was tens of MB of RSS. Two heaps are enough for a process that holds the GIL anyway
-    (what MALLOC_ARENA_MAX=2 does, set here because the image's environment is not ours)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "mallopt"):
-            libc.mallopt(-8, arenas)  # M_ARENA_MAX
-    except OSError:
-        pass  # not glibc (musl has one heap): nothing to limit
-
-
 def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: logging.Logger, **_: Any) -> None:
     """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level,
     the reconciles' threads; then build the operator's state in the memo."""
-    _limit_malloc_arenas()
+    process_memory.limit_arenas()
     ours = memo.settings
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = DigestDiffBaseStorage(
@@ -183,21 +167,29 @@ def _describe(err: BaseException) -> str:
 UNEXPECTED_ERROR_BACKOFF_S = 10
 
 
-def sds_create(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
+def _follow(memo: Memo, body: kopf.Body) -> None:
+    """Passes read the service from kopf's view of it (which follows the watch), not the API."""
+    controller, _ = memo.running()
+    controller.follow(body)
+
+
+def sds_create(body: kopf.Body, namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """A new service: apply its children without reading them first (there are none yet; a
     retry reads them)."""
+    _follow(memo, body)
     _reconcile(memo, namespace, name, retry, Children.new_service() if retry == 0 else EVERYTHING)
 
 
-def sds_reconcile(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
+def sds_reconcile(body: kopf.Body, namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """Render and apply the service's children; report the rollout in status."""
+    _follow(memo, body)
     _reconcile(memo, namespace, name, retry)
 
 
-async def sds_timer(namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
+async def sds_timer(body: kopf.Body, namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """Level-triggered pass: repairs drift a watch event did not show, in the repairs' own
     threads. Returns None, so kopf writes nothing for it."""
-    memo.running()
+    _follow(memo, body)
     await asyncio.get_running_loop().run_in_executor(
         memo.timer_pool, functools.partial(_reconcile, memo, namespace, name, retry))
 
@@ -206,6 +198,7 @@ async def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> Non
     """Let the policy decide when the service's evaluationInterval has passed (one batched
     Prometheus read per tick serves every service), in the evaluations' own threads."""
     _, evaluator = memo.running()
+    _follow(memo, body)
     service = memo.service_memory()
     await asyncio.get_running_loop().run_in_executor(
         memo.evaluation_pool, functools.partial(_evaluate, evaluator, body, service, retry))
@@ -222,7 +215,8 @@ def _evaluate(evaluator: Evaluator, body: kopf.Body, service: ServiceMemory, ret
                                   delay=delay) from None
 
 
-def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Memo, **_: Any) -> None:
+def deployment_event(type: str, body: kopf.Body, namespace: str, labels: dict[str, str], memo: Memo,
+                     **_: Any) -> None:
     """A child Deployment changed (rollout progress) or vanished: reconcile its service's
     Deployments and status (the other children did not change: the timer looks at them). The
     canary of an experiment is one of them: deleted or edited while its experiment runs, it is
@@ -230,7 +224,9 @@ def deployment_event(type: str, namespace: str, labels: dict[str, str], memo: Me
     owner = labels.get(C.LABEL_SERVICE)
     if owner and type in ("MODIFIED", "DELETED", None):
         try:
-            _reconcile(memo, namespace, owner, retry=0, children=Children.deployment())
+            # The event's Deployment stands for a read unless it is deleted (or older than one seen).
+            seen = dict(body) if type != "DELETED" else None
+            _reconcile(memo, namespace, owner, retry=0, children=Children.deployment(seen))
         except kopf.TemporaryError as err:
             # Event handlers are not retried: the service's own handlers and timer repair it.
             logging.getLogger("specdecode.shell.handlers").warning("%s/%s: %s", namespace, owner, err)

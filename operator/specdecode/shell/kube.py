@@ -24,6 +24,7 @@ from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from .. import constants as C
 from .. import timestamps
+from .bodies import ServiceBodies
 from .instrumentation import API_WRITES
 from ..redaction import redact
 
@@ -86,6 +87,8 @@ class Kube:
         self._resources: dict[tuple[str, str], Any] = {}
         self._served: dict[tuple[str, str], tuple[bool, float]] = {}
         self._lock = threading.Lock()
+        # The newest body of each service this process knows (kopf's watch, our status writes).
+        self.services = ServiceBodies()
 
     # ----------------------------------------------------------------------------------- reads
 
@@ -209,7 +212,7 @@ class Kube:
         ]
         API_WRITES.labels("patch", C.KIND + "/status").inc()
         try:
-            return client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
+            written = client.CustomObjectsApi(self.api_client).patch_namespaced_custom_object_status(
                 C.GROUP, C.VERSION, meta["namespace"], C.PLURAL, meta["name"], patch,
                 _content_type="application/json-patch+json",
             )
@@ -217,6 +220,8 @@ class Kube:
             if err.status in (409, 422):
                 raise Conflict(f"{meta['namespace']}/{meta['name']} changed while its status was computed") from None
             raise
+        self.services.wrote(written)
+        return written
 
     def post_event(self, owner: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> None:
         """A core/v1 Event about a SpecDecodeService (what `kubectl describe sds` shows)."""
