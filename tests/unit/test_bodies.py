@@ -26,6 +26,16 @@ def test_a_write_newer_than_the_watch_is_the_newest_until_the_watch_catches_up()
     assert len(bodies) == 1
 
 
+def test_a_writes_answer_is_not_held_once_the_watch_has_it():
+    bodies = ServiceBodies()
+    view = dict(_body("10"))
+    bodies.follow(view)
+    bodies.wrote(_body("12", "Serving"))
+    view.update(_body("12", "Serving"))
+    bodies.follow(view)  # kopf's next call for the service (its evaluation tick)
+    assert bodies._written == {}
+
+
 def test_nothing_is_known_without_the_watch_or_with_versions_that_do_not_compare():
     bodies = ServiceBodies()
     bodies.wrote(_body("12"))

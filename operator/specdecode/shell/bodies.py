@@ -60,9 +60,17 @@ class ServiceBodies:
         return meta.get("namespace", ""), meta.get("name", "")
 
     def follow(self, view: Mapping[str, Any]) -> None:
-        """Remember kopf's view of a service (it follows the watch by itself)."""
+        """Remember kopf's view of a service (it follows the watch by itself), and drop our
+        write's answer once the view has caught up with it (a full body per service, held
+        otherwise until the service's next pass)."""
+        key = self._key(view)
         with self._lock:
-            self._views[self._key(view)] = view
+            self._views[key] = view
+            written = self._written.get(key)
+        if written is not None and newer(consistent_copy(view), written):
+            with self._lock:
+                if self._written.get(key) is written:
+                    del self._written[key]
 
     def wrote(self, body: Optional[Mapping[str, Any]]) -> None:
         """Remember the API's answer to a write of the service, if newer than what is known."""
