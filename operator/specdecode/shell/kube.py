@@ -35,6 +35,9 @@ class Conflict(Exception):
     """The object changed between our read and our write; the caller retries."""
 
 
+API_CONNECTIONS = 48
+
+
 def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
     """An API client from a kubeconfig (the argument, else $KUBECONFIG read now, not at import
     time as the client library does) or from inside a pod."""
@@ -46,7 +49,12 @@ def load_config(kubeconfig: Optional[str] = None) -> client.ApiClient:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    # One connection per thread that calls the API (kopf's reconciles, the evaluations, the
+    # repairs): the library's default is 5 per CPU (10 here), and urllib3 opens and throws
+    # away a new TLS connection for every request beyond it.
+    configuration.connection_pool_maxsize = API_CONNECTIONS
+    return client.ApiClient(configuration)
 
 
 def _as_dict(_client: Any, data: dict[str, Any]) -> dict[str, Any]:
