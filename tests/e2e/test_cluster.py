@@ -177,7 +177,7 @@ def test_writes_are_in_the_audit_log(kube_api, namespace, cluster):
         return None
 
     event = wait_for(entry, 30, f"the audit entry of creating configmap {name}")
-    assert event["level"] == "RequestResponse"
+    assert event["level"] == "Request"
     assert event["stage"] == "ResponseComplete"
     assert event["requestObject"]["data"] == {"k": "v"}
 

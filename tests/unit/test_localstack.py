@@ -255,7 +255,7 @@ def test_audit_policy_logs_each_write_once_and_hides_credentials():
     assert credential_rule["level"] == "Metadata"
     assert "secrets" in credential_rule["resources"][0]["resources"]
     assert "serviceaccounts/token" in credential_rule["resources"][0]["resources"]
-    assert rules[2] == {"level": "RequestResponse", "verbs": list(manifests.WRITE_VERBS)}
+    assert rules[2] == {"level": "Request", "verbs": list(manifests.WRITE_VERBS)}
 
 
 PORTS = manifests.Ports(kube_apiserver=6443, etcd=2379, etcd_peer=2380, kwok_controller=10247,

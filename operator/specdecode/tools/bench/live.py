@@ -300,7 +300,7 @@ def _available(request: Any) -> bool:
 
 
 def serving_stages(lines: Iterable[str], namespace: str, operator_user: str) -> list[Stage]:
-    """Where the time to Serving goes, from the audit log (writes at RequestResponse): per
+    """Where the time to Serving goes, from the audit log (writes logged with their request bodies): per
     service, its creation, the operator's first apply of its Deployment, the Deployment
     controller's first status with an available replica, the operator's status write that
     says Serving. Services missing a step are left out of that step and the ones after it."""
