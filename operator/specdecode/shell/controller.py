@@ -1,7 +1,9 @@
 """Reconcile one SpecDecodeService: render, apply what differs, read the rollout, write status.
 
-Level-triggered and idempotent: every pass re-reads the object and its children, so the kopf
-handlers (create, update, resume, timer, Deployment events) all call the same `reconcile`.
+Level-triggered and idempotent: every pass works from the newest version of the object this
+process knows (kopf's watch, our own writes: `bodies`; the API when none is known) and of its
+children (read, or taken from the Deployment event that called it), so the kopf handlers
+(create, update, resume, timer, Deployment events) all call the same `reconcile`.
 Nothing is remembered between passes; the operator's own choice of speculation lives in
 status, so a restarted operator carries on where it stopped.
 """
