@@ -1328,6 +1328,32 @@ def _e2e_cdf_function(c: _Component):
     return cdf
 
 
+def _lognormal_cdf_function(mean: float, cv: float):
+    """``x -> _lognormal_cdf(x, mean, cv)``, with (mu, sigma) looked up once instead of once
+    per call (the same expression, so the same floats): P95 bisections call it dozens of times."""
+    if not math.isfinite(mean) or cv <= 0 or mean <= 0:
+        return lambda x: _lognormal_cdf(x, mean, cv)
+    mu, sigma = _lognormal_mu_sigma(mean, cv)
+    log, erf = math.log, math.erf
+
+    def cdf(x: float) -> float:
+        if x <= 0:
+            return 0.0
+        return 0.5 * (1.0 + erf((log(x) - mu) / sigma / _SQRT2))
+
+    return cdf
+
+
+def _mixture_cdf(weighted: list[tuple[float, Any]]):
+    """``x -> sum(weight * cdf(x))`` over the components. A phase without a queue to drain
+    has one component: its CDF is called without the sum's generator (``0 + w * F(x)`` is
+    ``w * F(x)`` for the non-negative terms here, so the same floats)."""
+    if len(weighted) == 1:
+        (weight, only), = weighted
+        return lambda x: weight * only(x)
+    return lambda x: sum(weight * cdf(x) for weight, cdf in weighted)
+
+
 def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
     hi = 1.0
     while cdf(hi) < q:
@@ -1429,13 +1455,8 @@ def evaluate_phase(
             )
         produced = (mu * drain + lam * (duration_s - drain)) * out
 
-    e2e_cdfs = [(c.weight, _e2e_cdf_function(c)) for c in comps]
-
-    def e2e_cdf(x: float) -> float:
-        return sum(weight * cdf(x) for weight, cdf in e2e_cdfs)
-
-    def tpot_cdf(x: float) -> float:
-        return sum(c.weight * _lognormal_cdf(x, c.tpot_mean, c.tpot_cv) for c in comps)
+    e2e_cdf = _mixture_cdf([(c.weight, _e2e_cdf_function(c)) for c in comps])
+    tpot_cdf = _mixture_cdf([(c.weight, _lognormal_cdf_function(c.tpot_mean, c.tpot_cv)) for c in comps])
 
     finite = all(math.isfinite(c.service_mean) for c in comps)
     if finite:
