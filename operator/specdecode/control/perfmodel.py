@@ -795,7 +795,7 @@ def _solve(
     rises monotonically; preemptions make it fall again near a full cache. Capacity is its
     maximum over B <= cap; below capacity the batch is the smallest B with lambda(B) = rate.
     """
-    rate_for, preemptions = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    rate_for, preemptions, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
     peak_batch, capacity = _peak(params, k, prompt, steps_in_batch, context, kv_per_seq, batch_cap, kv_cap)
     cost = _step_cost(params, k, context)
     n = steps_in_batch
@@ -870,7 +870,30 @@ def _rate_function(
         step = fixed + per_seq * batch if straight else decode(batch)
         return batch / (n * step + batch * per_prefill_token * prefill)
 
-    return rate_for, preemptions
+    def first_peak_on_grid(lo: float, hi: float, points: int) -> float:
+        """max(grid, key=rate_for) over lo + (hi - lo) * i / points, i = 0..points: the first
+        batch of the highest rate, as max keeps it. `_peak`'s 201 points are half of all
+        rate_for calls, so the loop repeats rate_for's body (the same expression) instead
+        of calling it."""
+        span = hi - lo
+        peak_batch, peak_rate = lo, None
+        for i in range(points + 1):
+            batch = lo + span * i / points
+            usage = batch * kv_per_seq / kv_cap
+            if usage <= onset:
+                prefill = prompt
+            else:
+                excess = ((usage if usage < 1.0 else 1.0) - onset) / onset_to_full
+                excess = excess if excess > 0.0 else 0.0
+                excess = excess if excess < 1.0 else 1.0
+                prefill = prompt + most * excess * excess * kv_per_seq
+            step = fixed + per_seq * batch if straight else decode(batch)
+            rate = batch / (n * step + batch * per_prefill_token * prefill)
+            if peak_rate is None or rate > peak_rate:
+                peak_batch, peak_rate = batch, rate
+        return peak_batch
+
+    return rate_for, preemptions, first_peak_on_grid
 
 
 @memo.memoized(maxsize=16384)
@@ -890,20 +913,12 @@ def _peak(
     the model and every evaluation at another rate of the same workload reuses it (pure
     function of frozen arguments, so caching changes no result).
     """
-    rate_for, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    rate_for, _, first_peak_on_grid = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
     onset_batch = params.preemption_onset * kv_cap / kv_per_seq
     peak_batch = batch_cap
     if onset_batch < batch_cap:
         # lambda(B) rises up to the onset, so its maximum lies in [onset, cap].
-        # max(grid, key=rate_for) without building the grid: the first batch of the
-        # highest rate, as max keeps it.
-        span = batch_cap - onset_batch
-        peak_rate = None
-        for i in range(_CAPACITY_GRID + 1):
-            batch = onset_batch + span * i / _CAPACITY_GRID
-            rate = rate_for(batch)
-            if peak_rate is None or rate > peak_rate:
-                peak_batch, peak_rate = batch, rate
+        peak_batch = first_peak_on_grid(onset_batch, batch_cap, _CAPACITY_GRID)
     return peak_batch, rate_for(peak_batch)
 
 
