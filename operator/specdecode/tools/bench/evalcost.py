@@ -24,6 +24,7 @@ import contextlib
 import cProfile
 import hashlib
 import io
+import json
 import pstats
 import threading
 import time
@@ -101,14 +102,14 @@ class CountingKube:
     """The shell's API boundary, counting what an evaluation writes."""
 
     def __init__(self) -> None:
-        self.status_writes = 0
-        self.events = 0
+        self.written: list[str] = []
+        """Every status written and Event posted, in order (the digest's second half)."""
 
     def replace_status(self, body: dict, status: dict) -> None:
-        self.status_writes += 1
+        self.written.append(json.dumps([body["metadata"]["name"], status], sort_keys=True))
 
     def post_event(self, body: dict, type_: str, reason: str, message: str, now: datetime) -> None:
-        self.events += 1
+        self.written.append(json.dumps([body["metadata"]["name"], type_, reason, message, now.isoformat()]))
 
 
 class CountingController:
@@ -174,14 +175,16 @@ class _SnapshotReader:
         return self.snapshot
 
 
-def evaluate_fleet(the_fleet: Fleet, rounds: int) -> tuple[int, list[tuple[str, Any]]]:
+def evaluate_fleet(the_fleet: Fleet, rounds: int) -> tuple[int, str]:
     """Every service evaluated once per round (a fresh process memory each round, holding
-    the stored observations, as an earlier evaluation leaves it); the decisions, in order."""
+    the stored observations, as an earlier evaluation leaves it); the number of evaluations
+    and a digest of every decision (its repr: each float of its predictions in full), status
+    written and Event posted: a change of CPU that changes any of them is a change of behaviour."""
     now = [datetime.fromtimestamp(0.0, timezone.utc)]
     kube, controller = CountingKube(), CountingController()
     evaluator = Evaluator(kube, controller, OperatorSettings(evaluation_tick=5.0), clock=lambda: now[0],  # type: ignore[arg-type]
                           reader_factory=_SnapshotReader(the_fleet.snapshot))
-    decisions: list[tuple[str, Any]] = []
+    decisions: list[str] = []
     evaluations = 0
     for _ in range(rounds):
         for body, at, stored in zip(the_fleet.bodies, the_fleet.times, the_fleet.stored):
@@ -194,9 +197,9 @@ def evaluate_fleet(the_fleet: Fleet, rounds: int) -> tuple[int, list[tuple[str, 
             memo.clear()
             decision = evaluator.evaluate_if_due(body, memory)
             evaluations += decision is not None
-            decisions.append((body["metadata"]["name"], None if decision is None else
-                              (decision.action.value, decision.rule, decision.enabled, decision.k, decision.reason)))
-    return evaluations, decisions
+            decisions.append(f"{body['metadata']['name']}: {decision!r}")
+    digest = hashlib.sha256("\n".join(decisions + kube.written).encode()).hexdigest()[:12]
+    return evaluations, digest
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -215,14 +218,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     started = time.process_time()
     if profiler:
         profiler.enable()
-    evaluations, decisions = evaluate_fleet(the_fleet, args.rounds)
+    evaluations, digest = evaluate_fleet(the_fleet, args.rounds)
     if profiler:
         profiler.disable()
     cpu = time.process_time() - started
-    digest = hashlib.sha256(repr(decisions).encode()).hexdigest()[:12]
     print(f"{len(the_fleet.bodies)} services x {args.rounds} rounds: {evaluations} evaluations, "
           f"{cpu:.2f} s CPU, {1000 * cpu / max(1, evaluations):.2f} ms CPU per evaluation"
-          f"{' (under cProfile)' if profiler else ''}; decisions digest {digest}")
+          f"{' (under cProfile)' if profiler else ''}; digest of decisions and writes {digest}")
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(args.sort).print_stats(args.profile)
