@@ -1331,6 +1331,18 @@ def _e2e_cdf_function(c: _Component):
         return cdf
     mu, sigma = _lognormal_mu_sigma(mean, cv)
     log, erf = math.log, math.erf
+    if divisor is None:
+        (wait,) = waits
+
+        def one_wait(x: float) -> float:
+            # The loop below for a single wait (0.0 + F is F for F >= 0): no queue, the
+            # usual case, without the loop.
+            y = x - wait
+            if y > 0:
+                return 0.5 * (1.0 + erf((log(y) - mu) / sigma / _SQRT2))
+            return 0.0
+
+        return one_wait
 
     def cdf(x: float) -> float:
         total = 0.0
@@ -1361,10 +1373,12 @@ def _lognormal_cdf_function(mean: float, cv: float):
 
 def _mixture_cdf(weighted: list[tuple[float, Any]]):
     """``x -> sum(weight * cdf(x))`` over the components. A phase without a queue to drain
-    has one component: its CDF is called without the sum's generator (``0 + w * F(x)`` is
-    ``w * F(x)`` for the non-negative terms here, so the same floats)."""
+    has one component, of weight 1: its CDF itself (``0 + 1.0 * F(x)`` is ``F(x)`` for the
+    non-negative F here, so the same floats, without the sum's generator)."""
     if len(weighted) == 1:
         (weight, only), = weighted
+        if weight == 1.0:
+            return only  # 1.0 * F(x) is F(x)
         return lambda x: weight * only(x)
     return lambda x: sum(weight * cdf(x) for weight, cdf in weighted)
 
@@ -1382,7 +1396,7 @@ def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
             lo = mid
         else:
             hi = mid
-        if hi - lo < 1e-6 * max(1.0, hi):
+        if hi - lo < 1e-6 * (hi if hi > 1.0 else 1.0):  # max(1.0, hi) without the call
             break
     return hi
 
