@@ -1427,8 +1427,6 @@ def evaluate_phase(
     out = workload.output_tokens
     arrivals = lam * duration_s
 
-    # The replicas at their cap: what requests see while a queue exists.
-    capped = _capped(params, workload, k, replicas, steady)
     comps: list[_Component] = []
     if mu <= 0:
         saturated_s = duration_s
@@ -1436,6 +1434,8 @@ def evaluate_phase(
         comps.append(_Component(1.0, math.inf, math.inf, math.inf, 0.0, math.inf, math.inf, 0.0))
         produced = 0.0
     elif lam >= mu:
+        # The replicas at their cap: what requests see while a queue exists.
+        capped = _capped(params, workload, k, replicas, steady)
         saturated_s = duration_s if (q0 > 0 or lam > mu) else 0.0
         queue_end = q0 + (lam - mu) * duration_s
         comps.append(
@@ -1457,6 +1457,9 @@ def evaluate_phase(
         queue_end = q0 - (mu - lam) * drain if drain < duration_s else 0.0
         queue_end = max(0.0, queue_end)
         if drain > 0:
+            # Only a queue to drain needs the capped state (a second steady state, skipped
+            # by most phases: they start without a queue).
+            capped = _capped(params, workload, k, replicas, steady)
             comps.append(
                 _Component(
                     drain / duration_s,
