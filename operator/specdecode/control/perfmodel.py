@@ -797,7 +797,6 @@ def _solve(
     """
     rate_for, preemptions, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
     peak_batch, capacity = _peak(params, k, prompt, steps_in_batch, context, kv_per_seq, batch_cap, kv_cap)
-    cost = _step_cost(params, k, context)
     n = steps_in_batch
 
     lam = rate_per_replica
@@ -819,7 +818,7 @@ def _solve(
     if lam_served > 0 and batch > 0:
         step = batch / (lam_served * n)
     else:
-        step = cost.decode(batch)
+        step = _step_cost(params, k, context).decode(batch)  # (only an idle or dead service)
     return _Solved(
         batch=batch,
         step_time=step,
