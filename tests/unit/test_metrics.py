@@ -498,3 +498,19 @@ class TestReader:
     def test_insecure_skip_verify(self):
         client = prometheus._default_connect(PrometheusAccess("https://prom", insecure_skip_verify=True))
         assert client._session.verify is False
+
+
+def test_a_services_series_come_from_the_reads_index_by_config_hash():
+    """for_service looks a service up in an index built with the snapshot (issue #18: a scan
+    of every service's keys made each evaluation's cost grow with the fleet)."""
+    scope, other_scope = QueryScope.of(300.0), QueryScope.of(60.0)
+    a, b = object(), object()
+    snapshot = MetricsSnapshot(evaluated_at=0.0, queries=1, observations={
+        scope: {ConfigKey("ns", "llama", "abc"): a, ConfigKey("ns", "llama", "def"): b,
+                ConfigKey("ns", "qwen", "abc"): object(), ConfigKey("other", "llama", "abc"): object()},
+    })
+    assert snapshot.for_service(scope, "ns", "llama") == {"abc": a, "def": b}
+    assert snapshot.for_service(scope, "ns", "missing") == {}
+    assert snapshot.for_service(other_scope, "ns", "llama") == {}
+    snapshot.for_service(scope, "ns", "llama").clear()  # the caller's copy, not the index
+    assert snapshot.for_service(scope, "ns", "llama") == {"abc": a, "def": b}

@@ -303,3 +303,33 @@ def test_bad_values_name_the_field(overrides: dict, field: str) -> None:
 def test_param_names_lists_every_field() -> None:
     assert "rollout_s" in param_names() and "method" in param_names()
     assert H100.configs() == (0, 1, 2, 3, 4, 5, 6, 7, 8)
+
+
+@pytest.mark.parametrize("params", [
+    EngineParams.for_method("draft_model"),
+    EngineParams.for_method("ngram", {"max_k": 6}),
+    EngineParams(step_table="h200-llama8b-1b"),  # a measured, piecewise-linear step
+], ids=["draft_model", "ngram", "step-table"])
+def test_the_capacity_grid_scan_finds_what_max_over_the_grid_finds(params):
+    """`_peak` scans its grid with rate_for's expression inlined (issue #18: half of all
+    rate_for calls): the peak must be exactly max(grid, key=rate_for), tie-break included."""
+    from specdecode.control import perfmodel
+
+    for k in (0, 1, 3):
+        for prompt, out, alpha in ((200.0, 100.0, 0.5), (1000.0, 300.0, 0.8), (8000.0, 900.0, 0.95)):
+            e = perfmodel.expected_tokens_per_step(alpha, k, params.acceptance_decay)
+            n = max(1.0, prompt / params.max_num_batched_tokens) + (out - 1.0) / e
+            context = prompt + out / 2.0
+            kv_per_seq, kv_cap = context + k, perfmodel.kv_capacity(params, k)
+            # A cache small enough that preemptions start inside the grid, and the real one.
+            for cap in (kv_cap, kv_per_seq * 20):
+                batch_cap = max(1.0, min(float(params.max_num_seqs), cap / kv_per_seq))
+                rate_for, _, _ = perfmodel._rate_function(params, k, prompt, n, context, kv_per_seq, cap)
+                onset = params.preemption_onset * cap / kv_per_seq
+                expected = batch_cap
+                if onset < batch_cap:
+                    grid = [onset + (batch_cap - onset) * i / perfmodel._CAPACITY_GRID
+                            for i in range(perfmodel._CAPACITY_GRID + 1)]
+                    expected = max(grid, key=rate_for)
+                got = perfmodel._peak.__wrapped__(params, k, prompt, n, context, kv_per_seq, batch_cap, cap)
+                assert got == (expected, rate_for(expected))

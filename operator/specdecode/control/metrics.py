@@ -718,16 +718,26 @@ class MetricsSnapshot:
     evaluated_at: float
     observations: Mapping[QueryScope, Mapping[ConfigKey, Observation]]
     queries: int
+    _by_service: dict[QueryScope, dict[tuple[str, str], dict[str, Observation]]] = field(
+        init=False, repr=False, compare=False
+    )
+    """`observations` indexed by (namespace, service), built once per read: every service of
+    the tick looks up its own, and a scan of the whole fleet's keys per lookup made each
+    evaluation's cost grow with the fleet."""
+
+    def __post_init__(self) -> None:
+        index: dict[QueryScope, dict[tuple[str, str], dict[str, Observation]]] = {}
+        for scope, by_key in self.observations.items():
+            services = index[scope] = {}
+            for key, obs in by_key.items():
+                services.setdefault((key.namespace, key.service), {})[key.config_hash] = obs
+        object.__setattr__(self, "_by_service", index)
 
     def for_service(
         self, scope: QueryScope, namespace: str, service: str
     ) -> dict[str, Observation]:
         """The observations of one service in a scope, by config hash."""
-        return {
-            key.config_hash: obs
-            for key, obs in self.observations.get(scope, {}).items()
-            if key.namespace == namespace and key.service == service
-        }
+        return dict(self._by_service.get(scope, {}).get((namespace, service), {}))
 
 
 @dataclass(frozen=True)

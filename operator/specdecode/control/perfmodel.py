@@ -795,9 +795,8 @@ def _solve(
     rises monotonically; preemptions make it fall again near a full cache. Capacity is its
     maximum over B <= cap; below capacity the batch is the smallest B with lambda(B) = rate.
     """
-    rate_for, preemptions = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    rate_for, preemptions, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
     peak_batch, capacity = _peak(params, k, prompt, steps_in_batch, context, kv_per_seq, batch_cap, kv_cap)
-    cost = _step_cost(params, k, context)
     n = steps_in_batch
 
     lam = rate_per_replica
@@ -808,14 +807,18 @@ def _solve(
         for _ in range(80):
             mid = 0.5 * (lo + hi)
             if rate_for(mid) < lam:
+                if mid == lo:
+                    break  # lo and hi are adjacent floats: the rest of the 80 would not move them
                 lo = mid
             else:
+                if mid == hi:
+                    break
                 hi = mid
         batch, saturated, lam_served = hi, False, lam
     if lam_served > 0 and batch > 0:
         step = batch / (lam_served * n)
     else:
-        step = cost.decode(batch)
+        step = _step_cost(params, k, context).decode(batch)  # (only an idle or dead service)
     return _Solved(
         batch=batch,
         step_time=step,
@@ -835,25 +838,61 @@ def _rate_function(
     kv_per_seq: float,
     kv_cap: float,
 ):
-    """``lambda(B)`` of `_solve` (and the preemptions per request at batch B)."""
+    """``lambda(B)`` of `_solve` (and the preemptions per request at batch B).
+
+    The costliest lines of an evaluation: `_peak` and `_solve` call ``rate_for`` hundreds of
+    times per configuration (about 4,000 times per evaluation), so it works on locals and
+    inlines `_StepCost.decode` (straight line) and `_preemptions_per_request` with the same
+    arithmetic in the same order: the same floats, in a third of the time."""
     cost = _step_cost(params, k, context)
     n = steps_in_batch
-
+    straight = not cost.curve
+    fixed, per_seq, decode = cost.fixed, cost.per_seq, cost.decode
+    per_prefill_token = cost.per_prefill_token
     onset = params.preemption_onset
+    onset_to_full = 1.0 - onset
+    most = params.preemptions_per_request_max
 
     def preemptions(batch: float) -> float:
         return _preemptions_per_request(params, min(1.0, batch * kv_per_seq / kv_cap))
 
     def rate_for(batch: float) -> float:
-        if batch * kv_per_seq / kv_cap <= onset:
+        usage = batch * kv_per_seq / kv_cap
+        if usage <= onset:
             prefill = prompt  # no preemptions below the onset (the same value, sooner)
         else:
-            prefill = prompt + preemptions(batch) * kv_per_seq
-        return batch / (
-            n * cost.decode(batch) + batch * cost.per_prefill_token * prefill
-        )
+            # _preemptions_per_request(params, min(1.0, usage)), inlined.
+            excess = ((usage if usage < 1.0 else 1.0) - onset) / onset_to_full
+            excess = excess if excess > 0.0 else 0.0
+            excess = excess if excess < 1.0 else 1.0
+            prefill = prompt + most * excess * excess * kv_per_seq
+        step = fixed + per_seq * batch if straight else decode(batch)
+        return batch / (n * step + batch * per_prefill_token * prefill)
 
-    return rate_for, preemptions
+    def first_peak_on_grid(lo: float, hi: float, points: int) -> float:
+        """max(grid, key=rate_for) over lo + (hi - lo) * i / points, i = 0..points: the first
+        batch of the highest rate, as max keeps it. `_peak`'s 201 points are half of all
+        rate_for calls, so the loop repeats rate_for's body (the same expression) instead
+        of calling it."""
+        span = hi - lo
+        peak_batch, peak_rate = lo, None
+        for i in range(points + 1):
+            batch = lo + span * i / points
+            usage = batch * kv_per_seq / kv_cap
+            if usage <= onset:
+                prefill = prompt
+            else:
+                excess = ((usage if usage < 1.0 else 1.0) - onset) / onset_to_full
+                excess = excess if excess > 0.0 else 0.0
+                excess = excess if excess < 1.0 else 1.0
+                prefill = prompt + most * excess * excess * kv_per_seq
+            step = fixed + per_seq * batch if straight else decode(batch)
+            rate = batch / (n * step + batch * per_prefill_token * prefill)
+            if peak_rate is None or rate > peak_rate:
+                peak_batch, peak_rate = batch, rate
+        return peak_batch
+
+    return rate_for, preemptions, first_peak_on_grid
 
 
 @memo.memoized(maxsize=16384)
@@ -873,16 +912,12 @@ def _peak(
     the model and every evaluation at another rate of the same workload reuses it (pure
     function of frozen arguments, so caching changes no result).
     """
-    rate_for, _ = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
+    rate_for, _, first_peak_on_grid = _rate_function(params, k, prompt, steps_in_batch, context, kv_per_seq, kv_cap)
     onset_batch = params.preemption_onset * kv_cap / kv_per_seq
     peak_batch = batch_cap
     if onset_batch < batch_cap:
         # lambda(B) rises up to the onset, so its maximum lies in [onset, cap].
-        grid = [
-            onset_batch + (batch_cap - onset_batch) * i / _CAPACITY_GRID
-            for i in range(_CAPACITY_GRID + 1)
-        ]
-        peak_batch = max(grid, key=rate_for)
+        peak_batch = first_peak_on_grid(onset_batch, batch_cap, _CAPACITY_GRID)
     return peak_batch, rate_for(peak_batch)
 
 
@@ -1295,6 +1330,18 @@ def _e2e_cdf_function(c: _Component):
         return cdf
     mu, sigma = _lognormal_mu_sigma(mean, cv)
     log, erf = math.log, math.erf
+    if divisor is None:
+        (wait,) = waits
+
+        def one_wait(x: float) -> float:
+            # The loop below for a single wait (0.0 + F is F for F >= 0): no queue, the
+            # usual case, without the loop.
+            y = x - wait
+            if y > 0:
+                return 0.5 * (1.0 + erf((log(y) - mu) / sigma / _SQRT2))
+            return 0.0
+
+        return one_wait
 
     def cdf(x: float) -> float:
         total = 0.0
@@ -1305,6 +1352,34 @@ def _e2e_cdf_function(c: _Component):
         return total if divisor is None else total / divisor
 
     return cdf
+
+
+def _lognormal_cdf_function(mean: float, cv: float):
+    """``x -> _lognormal_cdf(x, mean, cv)``, with (mu, sigma) looked up once instead of once
+    per call (the same expression, so the same floats): P95 bisections call it dozens of times."""
+    if not math.isfinite(mean) or cv <= 0 or mean <= 0:
+        return lambda x: _lognormal_cdf(x, mean, cv)
+    mu, sigma = _lognormal_mu_sigma(mean, cv)
+    log, erf = math.log, math.erf
+
+    def cdf(x: float) -> float:
+        if x <= 0:
+            return 0.0
+        return 0.5 * (1.0 + erf((log(x) - mu) / sigma / _SQRT2))
+
+    return cdf
+
+
+def _mixture_cdf(weighted: list[tuple[float, Any]]):
+    """``x -> sum(weight * cdf(x))`` over the components. A phase without a queue to drain
+    has one component, of weight 1: its CDF itself (``0 + 1.0 * F(x)`` is ``F(x)`` for the
+    non-negative F here, so the same floats, without the sum's generator)."""
+    if len(weighted) == 1:
+        (weight, only), = weighted
+        if weight == 1.0:
+            return only  # 1.0 * F(x) is F(x)
+        return lambda x: weight * only(x)
+    return lambda x: sum(weight * cdf(x) for weight, cdf in weighted)
 
 
 def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
@@ -1320,7 +1395,7 @@ def _mixture_quantile(components: list[_Component], q: float, cdf) -> float:
             lo = mid
         else:
             hi = mid
-        if hi - lo < 1e-6 * max(1.0, hi):
+        if hi - lo < 1e-6 * (hi if hi > 1.0 else 1.0):  # max(1.0, hi) without the call
             break
     return hi
 
@@ -1351,8 +1426,6 @@ def evaluate_phase(
     out = workload.output_tokens
     arrivals = lam * duration_s
 
-    # The replicas at their cap: what requests see while a queue exists.
-    capped = _capped(params, workload, k, replicas, steady)
     comps: list[_Component] = []
     if mu <= 0:
         saturated_s = duration_s
@@ -1360,6 +1433,8 @@ def evaluate_phase(
         comps.append(_Component(1.0, math.inf, math.inf, math.inf, 0.0, math.inf, math.inf, 0.0))
         produced = 0.0
     elif lam >= mu:
+        # The replicas at their cap: what requests see while a queue exists.
+        capped = _capped(params, workload, k, replicas, steady)
         saturated_s = duration_s if (q0 > 0 or lam > mu) else 0.0
         queue_end = q0 + (lam - mu) * duration_s
         comps.append(
@@ -1381,6 +1456,9 @@ def evaluate_phase(
         queue_end = q0 - (mu - lam) * drain if drain < duration_s else 0.0
         queue_end = max(0.0, queue_end)
         if drain > 0:
+            # Only a queue to drain needs the capped state (a second steady state, skipped
+            # by most phases: they start without a queue).
+            capped = _capped(params, workload, k, replicas, steady)
             comps.append(
                 _Component(
                     drain / duration_s,
@@ -1408,13 +1486,8 @@ def evaluate_phase(
             )
         produced = (mu * drain + lam * (duration_s - drain)) * out
 
-    e2e_cdfs = [(c.weight, _e2e_cdf_function(c)) for c in comps]
-
-    def e2e_cdf(x: float) -> float:
-        return sum(weight * cdf(x) for weight, cdf in e2e_cdfs)
-
-    def tpot_cdf(x: float) -> float:
-        return sum(c.weight * _lognormal_cdf(x, c.tpot_mean, c.tpot_cv) for c in comps)
+    e2e_cdf = _mixture_cdf([(c.weight, _e2e_cdf_function(c)) for c in comps])
+    tpot_cdf = _mixture_cdf([(c.weight, _lognormal_cdf_function(c.tpot_mean, c.tpot_cv)) for c in comps])
 
     finite = all(math.isfinite(c.service_mean) for c in comps)
     if finite:
