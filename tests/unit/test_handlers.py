@@ -5,10 +5,10 @@ API is the in-memory stand-in (tests/unit/memory_kube.py); kopf itself runs in t
 from __future__ import annotations
 
 import asyncio
-import threading
-
 import copy
 import logging
+import threading
+from datetime import datetime, timezone
 
 import kopf
 import pytest
@@ -120,6 +120,7 @@ class _Raising:
 
     def __init__(self, error):
         self.error, self.calls, self.threads = error, [], []
+        self.clock = lambda: datetime.now(timezone.utc)
 
     def evaluate_if_due(self, body, memory):
         self.calls.append((body, memory))
@@ -150,6 +151,16 @@ def test_each_tick_evaluates_the_object_kopf_passes_with_the_objects_own_memory(
     assert [b for b, _ in evaluator.calls] == bodies
     assert all(name.startswith("evaluate") for name in evaluator.threads)
     assert evaluator.calls[0][1] is evaluator.calls[1][1] is obj.service
+
+
+def test_a_tick_before_the_service_is_due_is_answered_without_a_thread():
+    obj = _per_object(_started(MemoryKube()))
+    evaluator = obj.evaluator = _Raising(None)
+    obj.service_memory().quiet_until(1, evaluator.clock().timestamp() + 30)
+    asyncio.run(handlers.sds_evaluate(body={"metadata": {"generation": 1}}, memo=obj, retry=0))
+    assert evaluator.calls == []
+    asyncio.run(handlers.sds_evaluate(body={"metadata": {"generation": 2}}, memo=obj, retry=0))  # a spec edit
+    assert len(evaluator.calls) == 1
 
 
 def test_the_periodic_pass_reconciles_in_the_repairs_own_threads():

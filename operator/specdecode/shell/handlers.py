@@ -202,6 +202,10 @@ async def sds_evaluate(body: kopf.Body, memo: Memo, retry: int, **_: Any) -> Non
     _, evaluator = memo.running()
     _follow(memo, body)
     service = memo.service_memory()
+    if service.quiet((body.get("metadata") or {}).get("generation"), evaluator.clock().timestamp()):
+        # Not due: most ticks of a fleet (every 5 s against an evaluationInterval of 30 s or
+        # more), answered here without handing each to a thread and back.
+        return
     await asyncio.get_running_loop().run_in_executor(
         memo.evaluation_pool, functools.partial(_evaluate, evaluator, body, service, retry))
 
