@@ -67,10 +67,8 @@ class ServiceBodies:
         with self._lock:
             self._views[key] = view
             written = self._written.get(key)
-        if written is not None and newer(consistent_copy(view), written):
-            with self._lock:
-                if self._written.get(key) is written:
-                    del self._written[key]
+        if written is not None:
+            self._drop_if_caught_up(key, consistent_copy(view), written)
 
     def wrote(self, body: Optional[Mapping[str, Any]]) -> None:
         """Remember the API's answer to a write of the service, if newer than what is known."""
@@ -91,14 +89,18 @@ class ServiceBodies:
         watched = consistent_copy(view) if view is not None else None
         if watched is None or version_order(watched) is None:
             return None
-        if written is None:
+        if written is None or self._drop_if_caught_up(key, watched, written):
             return watched
-        if newer(watched, written):
-            with self._lock:  # the watch caught up with our write: kopf's copy is enough
-                if self._written.get(key) is written:
-                    del self._written[key]
-            return watched
-        return written if newer(written, watched) else None
+        return written  # both versions are integers: ours is the newer
+
+    def _drop_if_caught_up(self, key: Key, watched: Optional[Mapping[str, Any]], written: dict[str, Any]) -> bool:
+        """Forget our write's answer once kopf's view has it (kopf's copy is enough then)."""
+        if not newer(watched, written):
+            return False
+        with self._lock:
+            if self._written.get(key) is written:
+                del self._written[key]
+        return True
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
