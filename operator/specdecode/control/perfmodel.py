@@ -871,23 +871,12 @@ def _rate_function(
 
     def first_peak_on_grid(lo: float, hi: float, points: int) -> float:
         """max(grid, key=rate_for) over lo + (hi - lo) * i / points, i = 0..points: the first
-        batch of the highest rate, as max keeps it. `_peak`'s 201 points are half of all
-        rate_for calls, so the loop repeats rate_for's body (the same expression) instead
-        of calling it."""
+        batch of the highest rate, as max keeps it, without building the grid."""
         span = hi - lo
         peak_batch, peak_rate = lo, None
         for i in range(points + 1):
             batch = lo + span * i / points
-            usage = batch * kv_per_seq / kv_cap
-            if usage <= onset:
-                prefill = prompt
-            else:
-                excess = ((usage if usage < 1.0 else 1.0) - onset) / onset_to_full
-                excess = excess if excess > 0.0 else 0.0
-                excess = excess if excess < 1.0 else 1.0
-                prefill = prompt + most * excess * excess * kv_per_seq
-            step = fixed + per_seq * batch if straight else decode(batch)
-            rate = batch / (n * step + batch * per_prefill_token * prefill)
+            rate = rate_for(batch)
             if peak_rate is None or rate > peak_rate:
                 peak_batch, peak_rate = batch, rate
         return peak_batch
