@@ -46,6 +46,11 @@ EVALUATION_WORKERS = 4
 # that turn new services Serving queued behind them (300 Deployments available, none Serving).
 # A repair may wait; a new service should not.
 TIMER_WORKERS = 2
+# A deleted service waits for its timers to exit (see operator_startup): for a pass already
+# running, this long at once (a pass takes well under a second unless the API server or
+# Prometheus is slow); then kopf looks again this often (each look is a patch of the service).
+TIMER_EXIT_WAIT_S = 3.0
+TIMER_EXIT_POLL_S = 2.0
 
 
 def _kube_from_config() -> Kube:
@@ -122,6 +127,12 @@ def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: loggin
     # predecessor left behind (equal priorities pause each other until it expires, 60 s with
     # every service blank); a live older one pauses for it.
     settings.peering.priority = int(time.time())
+    # A deleted service keeps kopf's finalizer (and its children, which the garbage collector
+    # takes only after it) until its timers exit. A timer in the middle of a pass (a reconcile or
+    # an evaluation in its thread) exits when the pass ends: wait a few seconds for it, then
+    # look again every few seconds. kopf's defaults wait ten event-loop cycles, then a minute.
+    settings.background.instant_exit_timeout = TIMER_EXIT_WAIT_S
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     # Ride out an API server outage instead of exiting (kopf's default gave up after ~80 s).
