@@ -228,6 +228,51 @@ def test_the_baseline_measured_at_another_batch_is_moved_along_the_models_curve(
     assert schedules.plain_baseline_at(baseline, 2, params, est, obs.batch_per_pod) is None, "another K's baseline"
 
 
+def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams) -> PolicyObservations:
+    """What the reader reports of a service offered more than ``config`` serves: it finishes
+    its capacity, the rest queues (the window's mean queue: half of what it grew by)."""
+    def saturated(window: float) -> Observation:
+        state = perfmodel.steady_state(params, workload(offered), config)
+        assert state.saturated, (offered, config)
+        obs = observe(workload(offered), config, window, params=params)
+        finished = state.capacity_rps
+        return replace(obs, requests=finished * window, generation_tps=finished * workload(offered).output_tokens,
+                       prompt_tps=finished * workload(offered).prompt_tokens,
+                       waiting=(offered - finished) * window / 2)
+    return PolicyObservations.of(saturated(300), saturated(75))
+
+
+def test_a_schedule_that_falls_behind_a_load_plain_k_would_serve_is_reverted_long_after_its_rollout():
+    """The reported MTP collapse: past a range's threshold the service's throughput falls
+    far below what the plain K served. Days after the rollout (the check long over), a load
+    plain K=3 is predicted to serve queues under the schedule: reverted, remembered, said why."""
+    collapsing = replace(TRUTH, schedule_penalty=2.0)
+    settings = auto()
+    # Past the threshold the engine drafts nothing: the acceptance measured before stands in.
+    state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    plain_capacity = perfmodel.capacity(TRUTH, workload(1), 3)
+    offered = 0.7 * plain_capacity
+    assert not schedules._checking(settings, state, NOW)
+    assert perfmodel.capacity(collapsing, workload(offered), SCHEDULE) < 0.5 * plain_capacity
+    decision, after = step(settings, state, at_capacity(offered, SCHEDULE, collapsing), NOW)
+    assert decision.changes and decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+    assert decision.k == 3 and decision.schedule is None
+    assert "fell behind its load" in decision.reason and "K=3 is predicted to serve" in decision.reason, decision.reason
+    assert after.schedule is None and SCHEDULE.label in after.rejected_schedules
+    assert "behind" in (after.schedule_note or "")
+
+
+def test_a_queue_plain_k_could_not_serve_either_keeps_the_schedule():
+    """A surge past every config's capacity queues under the schedule too; it serves more
+    than plain K=3 would (off at the surge's batches), so it is no reason to go back."""
+    settings = auto()
+    state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    offered = 2.0 * perfmodel.capacity(TRUTH, workload(1), perfmodel.OFF)
+    decision, after = step(settings, state, at_capacity(offered, SCHEDULE, TRUTH), NOW)
+    assert not decision.changes, decision.reason
+    assert after.schedule == SCHEDULE
+
+
 def test_the_plain_k_baseline_is_kept_through_adoption_and_dropped_by_a_move_to_another_k():
     """Full windows of plain K=3 fill the baseline one per factor-2 band (the latest); a
     schedule replacing K=3 keeps it; a plain move to K=2 leaves it behind."""

@@ -28,7 +28,10 @@ rules (`rules.decide`) have decided:
    factor-2 band of the running batch), taken at the nearest batch and moved along the
    model's curve to the schedule's batch; a prediction from that K's calibration only when
    nothing was measured. Clearly worse (``REVERT_MARGIN``) -> back to that K, and the
-   schedule is remembered as rejected for this declaration. Every full window also calibrates the
+   schedule is remembered as rejected for this declaration. At any time while it is in
+   effect, a schedule that falls behind its load (a queue, and ``BEHIND_MARGIN`` fewer
+   requests finished than that K is predicted to serve: a throughput collapse past a range's
+   threshold) is reverted the same way. Every full window also calibrates the
    schedule's per-step overhead from the measured step time (kept in status for later
    proposals).
 3. Re-render only when the acceptance regime changed enough: a new proposal must save
@@ -73,6 +76,15 @@ REVERT_MARGIN = 0.08
 (predicted at the same batch) is reverted."""
 CHECK_EVALUATIONS = 5
 """Evaluations after a schedule's first full window during which it may be reverted."""
+BEHIND_QUEUE = 1.0
+"""Requests waiting per replica, averaged over the window, that show a service at its capacity
+(what it finishes then is what it can serve)."""
+BEHIND_MARGIN = 0.25
+"""A schedule at its capacity that finishes this much fewer requests than the plain K it
+replaced is predicted to serve is reverted, whenever it happens while the schedule is in
+effect: the throughput collapse reported when concurrency crosses a schedule's threshold
+shows only when the load first crosses it, which may be days after the rollout. Wider than
+`REVERT_MARGIN`: a window with a queue is neither steady nor one load."""
 PEAK_WEIGHT = 0.25
 """Share of the time the window's peak batch stands for in the proposal (the rest: the mean)."""
 OVERHEAD_BOUNDS = (0.0, 0.05)
@@ -402,6 +414,9 @@ def _under_schedule(
         )
     if not _window_complete(settings, state, now):
         return decision, ScheduleUpdate()
+    behind = _behind(settings, state, observed, decision)
+    if behind is not None:
+        return behind
     model = _model(settings, state, observed, scale=state.schedule_step_scale)
     if model is None:
         return decision, ScheduleUpdate()
@@ -461,6 +476,64 @@ def _under_schedule(
             rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=new, step_scale=None,
         ), ScheduleUpdate(overhead_s=overhead, note=f"replaced: acceptance changed ({saving:.0%})")
     return decision, ScheduleUpdate(overhead_s=overhead)
+
+
+def _behind(
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision
+) -> tuple[Decision, ScheduleUpdate] | None:
+    """The revert of a schedule that fell behind a load the plain K it replaced is predicted
+    to serve (None: it did not, or too little is known to say). Needs no acceptance counts of
+    the window: past a collapsing range's threshold the engine may draft nothing at all; the
+    acceptance last measured stands in (the lower of it and the recent low: the lower the
+    acceptance, the less the plain K is predicted to serve, the later the revert)."""
+    if not getattr(observed, "available", False) or observed.window is None or state.schedule_step_scale is None:
+        return None
+    obs: Observation = observed.window
+    if obs.requests < settings.min_requests:
+        return None
+    est = estimate(obs, settings.tuning)
+    alphas = [a for a in (est.alpha if est.alpha is not None else state.last_alpha, state.recent_low_alpha)
+              if a is not None]
+    if not alphas:
+        return None
+    prior = settings.prior_params()
+    if state.schedule_overhead_s is not None:
+        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
+    params = scaled_params(prior, state.schedule_step_scale, est.decay)
+    plain_k = state.schedule_replaced_k or state.schedule.max_k
+    shortfall = throughput_shortfall(params, workload_of(est, min(alphas)), plain_k, obs)
+    if shortfall is None:
+        return None
+    finished, plain_serves = shortfall
+    behind = 1.0 - finished / plain_serves
+    tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
+    reason = (
+        f"schedule {state.schedule.label} fell behind its load: {finished:.2f} req/s per replica finished "
+        f"with {obs.waiting / obs.pods:.1f} requests waiting per replica{tpot}, {behind:.0%} under the "
+        f"{plain_serves:.2f} req/s {_label(plain_k)} is predicted to serve: reverted to {_label(plain_k)} "
+        f"and not chosen again for this spec"
+    )
+    return replace(
+        decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason, rule=Rule.SCHEDULE_REVERT,
+        applied=True, held=None, wanted=None, schedule=None, step_scale=None,
+    ), ScheduleUpdate(note=f"reverted: fell {behind:.0%} behind {_label(plain_k)}'s capacity",
+                      rejected=state.schedule.label)
+
+
+def throughput_shortfall(
+    params: EngineParams, workload: perfmodel.Workload, plain_k: int, obs: Observation,
+) -> tuple[float, float] | None:
+    """Per replica: (requests finished per second, plain ``plain_k``'s predicted capacity)
+    when a queue shows the service at its capacity and it finishes `BEHIND_MARGIN` fewer
+    requests than plain ``plain_k`` is predicted to serve at the same requests; else None.
+    Per replica, so a pod down is not taken for a slower engine."""
+    if obs.idle or obs.waiting is None or obs.pods <= 0 or obs.waiting / obs.pods < BEHIND_QUEUE:
+        return None
+    plain_serves = perfmodel.capacity(params, workload, plain_k) / max(1, params.replicas)
+    finished = obs.request_rate / obs.pods
+    if not math.isfinite(plain_serves) or plain_serves <= 0 or finished >= (1.0 - BEHIND_MARGIN) * plain_serves:
+        return None
+    return finished, plain_serves
 
 
 def plain_baseline_at(
