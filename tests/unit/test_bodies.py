@@ -46,6 +46,19 @@ def test_nothing_is_known_without_the_watch_or_with_versions_that_do_not_compare
     assert len(bodies) == 0
 
 
+def test_a_service_being_deleted_is_not_remembered_after_its_pass_forgot_it():
+    """A handler kopf started just before the deletion follows the service after the pass that
+    saw the deletion forgot it: nothing of the deleted service stays in the process."""
+    bodies = ServiceBodies()
+    view = dict(_body("10"))
+    bodies.follow(view)
+    bodies.wrote(_body("11", "Serving"))
+    view["metadata"] = {**view["metadata"], "resourceVersion": "12", "deletionTimestamp": "2026-12-02T12:00:00Z"}
+    bodies.forget("team-a", "llama")  # the pass that saw the deletion
+    bodies.follow(view)  # the late handler
+    assert len(bodies) == 0 and bodies.newest("team-a", "llama") is None
+
+
 class _Swapping(Mapping):
     """A view whose body the watch swaps on every key read (the worst case of kopf's)."""
 

@@ -64,6 +64,12 @@ class ServiceBodies:
         write's answer once the view has caught up with it (a full body per service, held
         otherwise until the service's next pass)."""
         key = self._key(view)
+        if (view.get("metadata") or {}).get("deletionTimestamp"):
+            # Being deleted: its pass reads the API and forgets it. Remembered after that
+            # forget (a handler kopf started just before the deletion), the view would be kept
+            # for the life of the process.
+            self.forget(*key)
+            return
         with self._lock:
             self._views[key] = view
             written = self._written.get(key)
