@@ -937,7 +937,9 @@ class Autotune(ApiModel):
         "vLLM may fall back from full to piecewise CUDA graphs, and the draft's weights and KV "
         "cache stay loaded even in ranges at K 0. After every schedule rollout the operator "
         "compares measured time per token with the plain K it replaced and reverts a schedule "
-        "that is clearly worse (remembered in status.rejectedSchedules). In Recommend mode the "
+        "that is clearly worse, and at any time one under which the service falls behind a load "
+        "that plain K is predicted to serve (a throughput collapse past a range's threshold); "
+        "both are remembered in status.rejectedSchedules. In Recommend mode the "
         "schedule it would adopt is advice (status.recommendation.schedule) and nothing restarts. "
         "Off (the default: on "
         "the shipped benchmark suite schedules did not beat the plain policy) keeps plain K. A "
@@ -1405,8 +1407,9 @@ class SpecDecodeServiceStatus(StatusModel):
     )
     rejected_schedules: list[RejectedSchedule] = Field(
         default_factory=list,
-        description="Per-batch-size K schedules reverted after rollout because they measured clearly "
-        "worse than the plain K they replaced; not chosen again for this spec.",
+        description="Per-batch-size K schedules reverted because they measured clearly worse than "
+        "the plain K they replaced after rollout, or fell behind a load it would serve; not chosen "
+        "again for this spec.",
         max_length=8,
     )
 
