@@ -273,6 +273,23 @@ def test_a_queue_plain_k_could_not_serve_either_keeps_the_schedule():
     assert after.schedule == SCHEDULE
 
 
+def test_a_backlog_draining_into_the_calm_is_not_taken_for_a_schedule_falling_behind():
+    """The e2e penalty story found it: the rollout's own backlog drained into the calm, and the
+    long window (4.7 waiting per replica on average, 1.79 req/s finished a replica) looked
+    66 % behind plain K=3. A drain mixes loads (its peak batch far above the mean), and once it
+    is over the guard window has no queue: neither is a schedule falling behind."""
+    settings = auto()
+    state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    collapsing = replace(TRUTH, schedule_penalty=2.0)
+    behind = at_capacity(0.7 * perfmodel.capacity(TRUTH, workload(1), 3), SCHEDULE, collapsing)
+    calm = both(workload(2), SCHEDULE)
+    drain = replace(behind.window, peak_running=behind.window.batch_per_pod * 10)
+    for observed in (PolicyObservations.of(drain, behind.guard), PolicyObservations.of(behind.window, calm.guard)):
+        decision, after = step(settings, state, observed, NOW)
+        assert not decision.changes, decision.reason
+        assert after.schedule == SCHEDULE
+
+
 def test_the_plain_k_baseline_is_kept_through_adoption_and_dropped_by_a_move_to_another_k():
     """Full windows of plain K=3 fill the baseline one per factor-2 band (the latest); a
     schedule replacing K=3 keeps it; a plain move to K=2 leaves it behind."""

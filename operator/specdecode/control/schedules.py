@@ -84,7 +84,9 @@ BEHIND_MARGIN = 0.25
 replaced is predicted to serve is reverted, whenever it happens while the schedule is in
 effect: the throughput collapse reported when concurrency crosses a schedule's threshold
 shows only when the load first crosses it, which may be days after the rollout. Wider than
-`REVERT_MARGIN`: a window with a queue is neither steady nor one load."""
+`REVERT_MARGIN`: at capacity the running batch is the engine's cap, further from what the
+calibration measured. Both windows must show it, the long one at one load (`_steady`): a
+backlog draining into the calm queues too, and finishes less than the capacity on average."""
 PEAK_WEIGHT = 0.25
 """Share of the time the window's peak batch stands for in the proposal (the rest: the mean)."""
 OVERHEAD_BOUNDS = (0.0, 0.05)
@@ -501,8 +503,14 @@ def _behind(
         prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
     params = scaled_params(prior, state.schedule_step_scale, est.decay)
     plain_k = state.schedule_replaced_k or state.schedule.max_k
-    shortfall = throughput_shortfall(params, workload_of(est, min(alphas)), plain_k, obs)
-    if shortfall is None:
+    workload = workload_of(est, min(alphas))
+    shortfall = throughput_shortfall(params, workload, plain_k, obs)
+    # A backlog draining (a surge's, or the rollout's own) also queues, and a window mixing
+    # its drain with the calm after it finishes fewer requests than the capacity: the window
+    # must have run at one load, and the guard window (its last minutes) must be behind too.
+    if shortfall is None or not _steady(obs) or observed.guard is None:
+        return None
+    if throughput_shortfall(params, workload, plain_k, observed.guard) is None:
         return None
     finished, plain_serves = shortfall
     behind = 1.0 - finished / plain_serves
