@@ -447,21 +447,15 @@ def _under_schedule(
     if not bare.saturated:
         extra = (measured - bare.step_time_s / bare.tokens_per_step) * bare.tokens_per_step
         overhead = min(OVERHEAD_BOUNDS[1], max(OVERHEAD_BOUNDS[0], extra))
-    tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
     if _checking(settings, state, now) and _steady(obs) and math.isfinite(best) and measured > best * (1.0 + REVERT_MARGIN):
         over = measured / best - 1.0
         reason = (
             f"schedule {schedule.label} measured {measured * 1e3:.2f} ms per token at "
-            f"{est.request_rate:.1f} req/s{tpot}, {over:.0%} above {_label(best_k)} {basis}; calibrated schedule overhead "
-            f"{0.0 if overhead is None else overhead * 1e3:.2f} ms per step: reverted to "
+            f"{est.request_rate:.1f} req/s{_tpot_text(obs)}, {over:.0%} above {_label(best_k)} {basis}; calibrated "
+            f"schedule overhead {0.0 if overhead is None else overhead * 1e3:.2f} ms per step: reverted to "
             f"{_label(plain_k)} and not chosen again for this spec"
         )
-        reverted = replace(
-            decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason,
-            rule=Rule.SCHEDULE_REVERT, applied=True, held=None, wanted=None, schedule=None,
-            step_scale=None,
-        )
-        return reverted, ScheduleUpdate(
+        return _revert(decision, schedule, plain_k, reason), ScheduleUpdate(
             note=f"reverted: {over:.0%} slower per token than {_label(best_k)}",
             overhead_s=overhead, rejected=schedule.label,
         )
@@ -488,60 +482,67 @@ def _behind(
     the window: past a collapsing range's threshold the engine may draft nothing at all; the
     acceptance last measured stands in (the lower of it and the recent low: the lower the
     acceptance, the less the plain K is predicted to serve, the later the revert)."""
-    if not getattr(observed, "available", False) or observed.window is None or state.schedule_step_scale is None:
+    if not getattr(observed, "available", False) or state.schedule_step_scale is None:
         return None
-    obs: Observation = observed.window
-    if obs.requests < settings.min_requests:
+    obs: Observation | None = observed.window
+    guard: Observation | None = observed.guard
+    # A backlog draining (a surge's, or the rollout's own) also queues, and a window mixing
+    # its drain with the calm after it finishes fewer requests than the capacity: the window
+    # must have run at one load, and the guard window (its last minutes) must queue too.
+    # Checked first: most windows have no queue, and then nothing below is computed.
+    if obs is None or guard is None or obs.requests < settings.min_requests:
+        return None
+    if not (_queued(obs) and _queued(guard) and _steady(obs)):
         return None
     est = estimate(obs, settings.tuning)
     alphas = [a for a in (est.alpha if est.alpha is not None else state.last_alpha, state.recent_low_alpha)
               if a is not None]
     if not alphas:
         return None
-    prior = settings.prior_params()
-    if state.schedule_overhead_s is not None:
-        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
-    params = scaled_params(prior, state.schedule_step_scale, est.decay)
+    params = _calibrated(settings, state, state.schedule_step_scale, est.decay)
     plain_k = state.schedule_replaced_k or state.schedule.max_k
-    workload = workload_of(est, min(alphas))
-    shortfall = throughput_shortfall(params, workload, plain_k, obs)
-    # A backlog draining (a surge's, or the rollout's own) also queues, and a window mixing
-    # its drain with the calm after it finishes fewer requests than the capacity: the window
-    # must have run at one load, and the guard window (its last minutes) must be behind too.
-    if shortfall is None or not _steady(obs) or observed.guard is None:
+    plain_serves = perfmodel.capacity(params, workload_of(est, min(alphas)), plain_k) / max(1, params.replicas)
+    finished = _finished_short(obs, plain_serves)
+    if finished is None or _finished_short(guard, plain_serves) is None:
         return None
-    if throughput_shortfall(params, workload, plain_k, observed.guard) is None:
-        return None
-    finished, plain_serves = shortfall
     behind = 1.0 - finished / plain_serves
-    tpot = "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
     reason = (
         f"schedule {state.schedule.label} fell behind its load: {finished:.2f} req/s per replica finished "
-        f"with {obs.waiting / obs.pods:.1f} requests waiting per replica{tpot}, {behind:.0%} under the "
-        f"{plain_serves:.2f} req/s {_label(plain_k)} is predicted to serve: reverted to {_label(plain_k)} "
+        f"with {obs.waiting / obs.pods:.1f} requests waiting per replica{_tpot_text(obs)}, {behind:.0%} under "
+        f"the {plain_serves:.2f} req/s {_label(plain_k)} is predicted to serve: reverted to {_label(plain_k)} "
         f"and not chosen again for this spec"
     )
-    return replace(
-        decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason, rule=Rule.SCHEDULE_REVERT,
-        applied=True, held=None, wanted=None, schedule=None, step_scale=None,
-    ), ScheduleUpdate(note=f"reverted: fell {behind:.0%} behind {_label(plain_k)}'s capacity",
-                      rejected=state.schedule.label)
+    return _revert(decision, state.schedule, plain_k, reason), ScheduleUpdate(
+        note=f"reverted: fell {behind:.0%} behind {_label(plain_k)}'s capacity", rejected=state.schedule.label,
+    )
 
 
-def throughput_shortfall(
-    params: EngineParams, workload: perfmodel.Workload, plain_k: int, obs: Observation,
-) -> tuple[float, float] | None:
-    """Per replica: (requests finished per second, plain ``plain_k``'s predicted capacity)
-    when a queue shows the service at its capacity and it finishes `BEHIND_MARGIN` fewer
-    requests than plain ``plain_k`` is predicted to serve at the same requests; else None.
-    Per replica, so a pod down is not taken for a slower engine."""
-    if obs.idle or obs.waiting is None or obs.pods <= 0 or obs.waiting / obs.pods < BEHIND_QUEUE:
-        return None
-    plain_serves = perfmodel.capacity(params, workload, plain_k) / max(1, params.replicas)
+def _queued(obs: Observation) -> bool:
+    """``BEHIND_QUEUE`` or more requests waiting per replica: the service at its capacity
+    (what it finishes then is what it can serve)."""
+    return not obs.idle and obs.waiting is not None and obs.pods > 0 and obs.waiting / obs.pods >= BEHIND_QUEUE
+
+
+def _finished_short(obs: Observation, plain_serves: float) -> float | None:
+    """Requests finished per second per replica when ``BEHIND_MARGIN`` short of
+    ``plain_serves`` (plain K's predicted capacity per replica), else None. Per replica, so a
+    pod down is not taken for a slower engine."""
     finished = obs.request_rate / obs.pods
     if not math.isfinite(plain_serves) or plain_serves <= 0 or finished >= (1.0 - BEHIND_MARGIN) * plain_serves:
         return None
-    return finished, plain_serves
+    return finished
+
+
+def _revert(decision: Decision, schedule: Schedule, plain_k: int, reason: str) -> Decision:
+    """Back from ``schedule`` to the plain K it replaced (the caller rejects the schedule)."""
+    return replace(
+        decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason, rule=Rule.SCHEDULE_REVERT,
+        applied=True, held=None, wanted=None, schedule=None, step_scale=None,
+    )
+
+
+def _tpot_text(obs: Observation) -> str:
+    return "" if obs.tpot_mean_s is None else f", mean TPOT {obs.tpot_mean_s * 1e3:.1f} ms"
 
 
 def plain_baseline_at(
@@ -648,10 +649,7 @@ def _model(
         scale = _clamped_scale(settings, state.k or 1, est)
         if scale is None:
             return None
-    prior = settings.prior_params()
-    if state.schedule_overhead_s is not None:
-        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
-    params = scaled_params(prior, scale, est.decay)
+    params = _calibrated(settings, state, scale, est.decay)
     alpha = est.alpha
     if state.recent_low_alpha is not None:
         alpha = min(alpha, state.recent_low_alpha)
@@ -664,6 +662,15 @@ def _model(
     # for the load that comes back, not only for the load of this window.
     batches = [(mean, 0.5 - PEAK_WEIGHT / 2), (peak, PEAK_WEIGHT / 2), (low, 0.25), (high, 0.25)]
     return params, est, acceptance, batches
+
+
+def _calibrated(settings: PolicySettings, state: ControlState, scale: float, decay: float | None) -> EngineParams:
+    """The prior at the step ``scale`` and ``decay``, with the schedule overhead calibrated
+    so far."""
+    prior = settings.prior_params()
+    if state.schedule_overhead_s is not None:
+        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
+    return scaled_params(prior, scale, decay)
 
 
 def _prefill(est: Estimate, params: EngineParams) -> float:
