@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
+import json
 import logging
 import threading
 from datetime import datetime, timezone
@@ -43,6 +45,36 @@ def test_startup_configures_kopf_and_fills_the_memo():
     assert settings.persistence.finalizer == C.KOPF_FINALIZER
     assert settings.posting.level == logging.WARNING
     assert memo.controller.kube is kube and memo.evaluator.kube is kube and memo.evaluator.controller is memo.controller
+
+
+class _NotCopyable:
+    def __deepcopy__(self, memo):
+        raise AssertionError("the essence deep-copied status or managedFields")
+
+
+def test_kopfs_change_detection_digests_spec_labels_and_annotations_without_copying_status():
+    """kopf builds the essence on every watch event of every service: it must not deep-copy
+    status (its history) or managedFields, and the digest must stay what it was, or every
+    service would look changed to an upgraded operator and be reconciled at once."""
+    storage = handlers.DigestDiffBaseStorage(prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration")
+    body = {
+        "apiVersion": f"{C.GROUP}/{C.VERSION}", "kind": C.KIND,
+        "metadata": {"name": "llama", "namespace": "team-a", "resourceVersion": "7", "labels": {"team": "a"},
+                     "annotations": {"note": "x", f"{C.ANNOTATION_PREFIX}/last-handled-configuration": "{}"},
+                     "managedFields": [_NotCopyable()]},
+        "spec": spec_with({}),
+        "status": {"history": [_NotCopyable()]},
+    }
+    digest = storage.build(body=kopf.Body(body))
+    plain = {key: value for key, value in body.items() if key != "status"}
+    plain["metadata"] = {key: value for key, value in body["metadata"].items() if key != "managedFields"}
+    stock = kopf.AnnotationsDiffBaseStorage(prefix=C.ANNOTATION_PREFIX).build(body=kopf.Body(plain))
+    assert digest == {"digest": hashlib.sha256(json.dumps(stock, sort_keys=True, separators=(",", ":"),
+                                                          default=str).encode()).hexdigest()}
+    relabelled = dict(body, metadata=dict(body["metadata"], labels={"team": "b"}))
+    assert storage.build(body=kopf.Body(relabelled)) != digest
+    restatused = dict(body, status={"phase": "Serving"}, metadata=dict(body["metadata"], resourceVersion="8"))
+    assert storage.build(body=kopf.Body(restatused)) == digest
 
 
 @pytest.mark.parametrize("pass_seconds", [1.0, 30.0])

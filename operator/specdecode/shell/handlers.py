@@ -97,9 +97,20 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled state as a digest of the spec, labels and annotations, not a copy:
     the handlers never read kopf's diff (every pass reconciles the whole object), and a copy of
     a large spec overflowed the 256 KiB all annotations share, so kopf's own patch failed (422)
-    and it retried forever."""
+    and it retried forever.
+
+    kopf builds the essence on every watch event of every service, from a deep copy of the
+    whole body: status with its history, managedFields. That copy was 15 % of the operator's
+    CPU while 500 new services came up (py-spy), taken from the API server on the same cores.
+    It is given only what the essence keeps (spec, labels, annotations; kopf names its key
+    after the owners): the same digest."""
 
     def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        if not extra_fields:
+            meta = body.get("metadata") or {}
+            slim = {key: value for key, value in body.items() if key not in ("metadata", "status")}
+            slim["metadata"] = {key: meta[key] for key in ("labels", "annotations", "ownerReferences") if key in meta}
+            body = kopf.Body(slim)
         essence = super().build(body=body, extra_fields=extra_fields)
         text = json.dumps(essence, sort_keys=True, separators=(",", ":"), default=str)
         return {"digest": hashlib.sha256(text.encode()).hexdigest()}
