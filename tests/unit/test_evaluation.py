@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
+
 from specdecode import api, constants as C
 from specdecode.control import decision as policy
 from specdecode.control import evaluation
@@ -225,3 +227,33 @@ def test_a_new_schedule_calibration_is_written():
     assert observations_moved(window(0.8, 2000), window(0.8, 2000, overhead=0.0004))
     assert not observations_moved(window(0.8, 2000, overhead=0.0004), window(0.8, 2000, overhead=0.00041))
     assert observations_moved(window(0.8, 2000, overhead=0.0004), window(0.8, 2000, overhead=0.0008))
+
+
+def _measured_window(rng, alpha: float, requests: int = 120, tokens_per_request: int = 300) -> api.Observations:
+    """One window of a steady service: each request has an acceptance of its own around the
+    service's, and its drafted tokens are accepted at that rate."""
+    own = np.clip(rng.normal(alpha, evaluation.REQUEST_ACCEPTANCE_SD, requests), 0.0, 1.0)
+    drafted = requests * tokens_per_request
+    measured = float(rng.binomial(tokens_per_request, own).sum()) / drafted
+    return _stored_window(measured, drafted, requests=requests)
+
+
+def test_a_steady_fleet_writes_almost_no_observations_by_chance():
+    """Every evaluation of every service is a chance for sampling noise to look like a fall,
+    and a fleet adds them up: 500 services evaluated twice a minute are 1,000 chances a
+    minute. 60 steady services evaluated 500 times each (30,000 evaluations, windows of 120
+    requests) write at most one status patch by chance; at three standard errors they wrote
+    four."""
+    from specdecode.control.evaluation import observations_moved
+
+    rng = np.random.default_rng(7)
+    writes = evaluations = 0
+    for _ in range(60):
+        stored = _measured_window(rng, 0.8)
+        for _ in range(500):
+            new = _measured_window(rng, 0.8)
+            evaluations += 1
+            if observations_moved(stored, new):
+                writes += 1
+                stored = new
+    assert writes <= 1, f"{writes} chance writes in {evaluations} evaluations"

@@ -252,10 +252,20 @@ def _material(status: api.SpecDecodeServiceStatus, rule_changed: bool) -> dict:
     return wire
 
 
+WRITE_STANDARD_ERRORS = 4.0
+"""How far beyond the sampling noise a fall must be to be written. Each evaluation of each
+service is one more chance for noise to cross the line, and the chances add up over a fleet
+(500 services are 1,000 evaluations a minute): at three standard errors, a one-sided normal
+tail of one in 740; at four, one in 31,600. Measured at three: `bench fleet` at N=500 wrote
+up to two status patches a minute with nothing changed (falls of alpha and acceptance rate),
+and the request-level test in test_evaluation.py four in 30,000 evaluations. A collapse is
+many times either."""
+
+
 def _noise(stored: api.Observations, new: api.Observations, a: float, b: float) -> float:
-    """How far two windows' acceptance may differ by sampling alone: three standard errors of
-    the difference, each window's from its drafted tokens (binomial, overdispersed) and from
-    its requests (each request has an acceptance of its own)."""
+    """How far two windows' acceptance may differ by sampling alone: `WRITE_STANDARD_ERRORS`
+    standard errors of the difference, each window's from its drafted tokens (binomial,
+    overdispersed) and from its requests (each request has an acceptance of its own)."""
     overdispersion = PolicyTuning().overdispersion
     variance = 0.0
     for observed, value in ((stored, a), (new, b)):
@@ -263,7 +273,7 @@ def _noise(stored: api.Observations, new: api.Observations, a: float, b: float) 
             variance += binomial_stderr(value, observed.drafts, overdispersion) ** 2
         if observed.requests:
             variance += REQUEST_ACCEPTANCE_SD ** 2 / observed.requests
-    return 3.0 * variance ** 0.5
+    return WRITE_STANDARD_ERRORS * variance ** 0.5
 
 
 def observations_moved(stored: Optional[api.Observations], new: Optional[api.Observations]) -> bool:
