@@ -56,6 +56,23 @@ def test_audit_writes_counts_one_users_writes_in_the_namespaces():
     assert live.count_by(writes) == {"patch specdecodeservices/status": 1, "create events": 1}
 
 
+def test_the_operators_writes_are_summed_up_by_kind_with_their_latency():
+    """Where a fleet's time to Serving goes: each kind of write with how long the apiserver
+    took to answer it (a ClusterIP Service waits for its address)."""
+    def timed(resource, name, received, answered):
+        entry = json.loads(_audit("patch", "op", "ns", resource, name=name))
+        entry["requestReceivedTimestamp"] = f"2026-12-01T00:00:{received:06.3f}Z"
+        entry["stageTimestamp"] = f"2026-12-01T00:00:{answered:06.3f}Z"
+        return json.dumps(entry)
+
+    lines = [timed("services", f"s{i}", 1.0, 1.0 + seconds) for i, seconds in enumerate((5.0, 6.0, 7.0))]
+    lines += [timed("deployments", f"d{i}", 2.0, 2.25) for i in range(4)]
+    summary = live.latency_by(live.audit_writes(lines, "op", ["ns"]))
+    assert list(summary) == ["patch deployments", "patch services"]
+    assert summary["patch services"] == {"count": 3, "median_s": 6.0, "p90_s": 7.0}
+    assert summary["patch deployments"]["median_s"] == 0.25
+
+
 def _write(verb, user, resource, name, second, subresource=None, request=None, code=200):
     ref = {"resource": resource, "namespace": "ns", "name": name}
     if subresource:
@@ -138,22 +155,27 @@ def test_fleet_services_parse_and_hold_the_models_best_k():
     assert spec.speculation.num_speculative_tokens == k and spec.replicas == 1
 
 
-def test_the_stack_floor_applies_the_deployments_the_operator_renders_with_no_owner():
-    """The floor is only a floor if its Deployments are the operator's own for the same services
-    (same pod template), and none has an owner the garbage collector would look for."""
+def test_the_stack_floor_applies_the_deployments_and_services_the_operator_renders_with_no_owner():
+    """The floor is only a floor if its objects are the operator's own for the same services
+    (same pod template, same Service), applied in the operator's order, and none has an owner
+    the garbage collector would look for. The Service is in it: the operator writes Serving
+    after applying it, and a ClusterIP Service is the apiserver's slowest write of a fleet."""
     from specdecode import api
     from specdecode.control import state as cs
     from specdecode.render import workload as render
 
     k = fleet.steady_k()
-    floor = fleet.floor_deployments(3, k)
-    assert [d["metadata"]["name"] for d in floor] == ["svc-0000", "svc-0001", "svc-0002"]
-    assert all(d["metadata"]["namespace"] == fleet.FLOOR_NAMESPACE for d in floor)
-    assert not any("ownerReferences" in d["metadata"] for d in floor)
+    floor = fleet.floor_objects(3, k)
+    assert [[o["kind"] for o in objects] for objects in floor] == [["Deployment", "Service"]] * 3
+    assert [objects[0]["metadata"]["name"] for objects in floor] == ["svc-0000", "svc-0001", "svc-0002"]
+    assert all(o["metadata"]["namespace"] == fleet.FLOOR_NAMESPACE for objects in floor for o in objects)
+    assert not any("ownerReferences" in o["metadata"] for objects in floor for o in objects)
     service = api.parse_service(fleet.fleet_service(1, k))
-    operators = next(o for o in render.render_all(service, cs.choose(service.spec, None)[0], owner_uid="uid",
-                                                  pod_monitor_served=False) if o["kind"] == "Deployment")
-    assert floor[1]["spec"]["template"]["spec"] == operators["spec"]["template"]["spec"]
+    rendered = {o["kind"]: o for o in render.render_all(service, cs.choose(service.spec, None)[0], owner_uid="uid",
+                                                        pod_monitor_served=False)}
+    deployment, svc = floor[1]
+    assert deployment["spec"]["template"]["spec"] == rendered["Deployment"]["spec"]["template"]["spec"]
+    assert svc["spec"] == rendered["Service"]["spec"]
 
 
 def test_every_kill_point_is_planned_and_the_plan_is_seeded():

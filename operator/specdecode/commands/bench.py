@@ -56,7 +56,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--cluster-name", default="bench-fleet", help="local control plane to (re)create (default: %(default)s)")
     f.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
     f.add_argument("--no-stack-floor", dest="stack_floor", action="store_false",
-                   help="skip the stack's own floor (the same N Deployments applied with no operator and "
+                   help="skip the stack's own floor (the same N Deployments and Services applied with no operator and "
                    "timed until available, before the operator starts; it takes as long again)")
     f.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
     f.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")

@@ -7,10 +7,11 @@ steady stretch: the operator's RSS and CPU seconds per minute, the Prometheus qu
 evaluation tick and per minute (Prometheus' own count), the operator's API writes per minute
 (the apiserver's audit log) against the decisions it made.
 
-Before the operator starts, the stack's own floor: the same N Deployments the operator would
-render, applied straight with no operator, timed until every one has an available replica.
-Time to Serving cannot be shorter than that on the same machine; the difference is the
-operator's.
+Before the operator starts, the stack's own floor: the same N Deployments and Services the
+operator would render, applied straight with no operator, timed until every Service exists
+and every Deployment has an available replica. Time to Serving cannot be shorter than that on
+the same machine (the operator writes Serving after it applied the Service: a service no
+client can reach is not serving); the difference is the operator's.
 
 `fleet_targets` and `fleet_service` are pure; `run_fleet` drives the stack.
 """
@@ -69,9 +70,13 @@ class FleetFigures:
     service, APPLY_WORKERS at a time, while the operator already works on the first)."""
     stages: list[dict] = field(default_factory=list)
     """Where the time to Serving went (`live.serving_stages`, from the audit log)."""
+    coming_up_writes: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The operator's writes from the apply until every service was Serving, by kind: how many
+    and their latency at the apiserver (`live.latency_by`)."""
     stack_floor_s: Optional[float] = None
-    """The same N Deployments applied with no operator until all were available (`stack_floor`);
-    None when not measured or when some never were."""
+    """The same N Deployments and Services applied with no operator until every Service existed
+    and every Deployment was available (`stack_floor`); None when not measured or when some
+    never were."""
     machine: str = ""
 
     def to_json(self) -> dict:
@@ -84,10 +89,13 @@ class FleetFigures:
              + ("" if self.serving == self.services else f" ({self.serving} Serving)")),
             ("  of which the apply", "" if self.apply_s is None else f"{self.apply_s:.0f} s"),
             ("the stack alone (no operator)", "not measured" if self.stack_floor_s is None
-             else f"{self.stack_floor_s:.0f} s until the same Deployments were available"),
+             else f"{self.stack_floor_s:.0f} s until the same Deployments and Services were there"),
             *[(f"  {s['name']}", f"{s['median_s']:.1f} s median, {s['p90_s']:.1f} s p90 after the step before; "
                                  f"the last at {s['last_at_s']:.0f} s ({s['services']} services)")
               for s in self.stages],
+            ("operator writes while coming up", ""),
+            *[(f"  {kind}", f"{w['count']:.0f}, {w['median_s']:.2f} s median, {w['p90_s']:.2f} s p90 latency")
+              for kind, w in self.coming_up_writes.items()],
             ("steady stretch measured", f"{self.steady_s:.0f} s"),
             ("operator RSS (steady / peak)", f"{self.rss_mb:.0f} MB / {self.peak_rss_mb:.0f} MB"),
             ("operator CPU", f"{self.cpu_s_per_min:.1f} s per minute"),
@@ -162,10 +170,10 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         k = steady_k()
         floor_s = None
         if floor:
-            progress(f"the stack alone: applying the {services} Deployments with no operator")
+            progress(f"the stack alone: applying the {services} Deployments and Services with no operator")
             floor_s = stack_floor(api_client, stack.kubectl_command, services, k, serve_timeout_s)
-            progress("the stack alone: " + ("not all available" if floor_s is None
-                                            else f"all available {floor_s:.0f} s after the apply began"))
+            progress("the stack alone: " + ("not all there" if floor_s is None
+                                            else f"all there {floor_s:.0f} s after the apply began"))
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
         operator = stack.start_operator(prometheus_url=prometheus.url, reconcile_interval_s=RECONCILE_INTERVAL_S,
                                         evaluation_tick_s=EVALUATION_TICK_S)
@@ -185,7 +193,9 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         serving_s = time.monotonic() - applied if serving == services else None
         progress(f"{serving}/{services} Serving after {time.monotonic() - applied:.0f} s; waiting for "
                  "every service's first evaluation on a full window")
-        stages = live.serving_stages(audit.lines_since(before_apply), NAMESPACE, OPERATOR_USER)
+        coming_up = list(audit.lines_since(before_apply))
+        stages = live.serving_stages(coming_up, NAMESPACE, OPERATOR_USER)
+        coming_up_writes = live.latency_by(live.audit_writes(coming_up, OPERATOR_USER, [NAMESPACE]))
         for stage in stages:
             progress(f"  {stage.name}: {stage.median_s:.1f} s median, {stage.p90_s:.1f} s p90; "
                      f"the last at {stage.last_at_s:.0f} s")
@@ -225,33 +235,40 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
             evaluations_per_min=(end["evaluations"] - start["evaluations"]) * per_min,
             decisions_per_min=(end["decisions"] - start["decisions"]) * per_min,
             writes_per_min=len(writes) * per_min, writes_by_request=live.count_by(writes),
-            apply_s=apply_s, stages=[asdict(stage) for stage in stages], stack_floor_s=floor_s,
+            apply_s=apply_s, stages=[asdict(stage) for stage in stages],
+            coming_up_writes=coming_up_writes, stack_floor_s=floor_s,
             machine=live.machine_note(),
         )
     finally:
         stack.close()
 
 
-def floor_deployments(services: int, k: int, namespace: str = FLOOR_NAMESPACE) -> list[dict]:
-    """The Deployments the operator renders for the fleet's services, without an owner (none
-    exists: the garbage collector would delete them)."""
+FLOOR_KINDS = ("Deployment", "Service")
+
+
+def floor_objects(services: int, k: int, namespace: str = FLOOR_NAMESPACE) -> list[list[dict]]:
+    """Per service, the Deployment and the Service the operator renders for it (in the order
+    it applies them), without an owner (none exists: the garbage collector would delete them).
+    One replica each: no PodDisruptionBudget; the local stack serves no PodMonitor."""
     from ... import api
     from ...control import state as cs
     from ...render import workload as render
 
-    deployments = []
+    objects = []
     for index in range(services):
         service = api.parse_service(fleet_service(index, k, namespace))
         choice, _, _ = cs.choose(service.spec, None)
-        deployments += [obj for obj in render.render_all(service, choice, pod_monitor_served=False)
-                        if obj["kind"] == "Deployment"]
-    return deployments
+        objects.append([obj for obj in render.render_all(service, choice, pod_monitor_served=False)
+                        if obj["kind"] in FLOOR_KINDS])
+    return objects
 
 
 def stack_floor(api_client, kubectl_command: list[str], services: int, k: int, timeout_s: float) -> Optional[float]:
-    """Seconds from the first apply until every one of the fleet's Deployments, applied straight
-    (APPLY_WORKERS at a time, as the operator does), has an available replica; None past the
-    timeout. They stay (idle kwok pods cost the stack nothing more): deleting 500 would keep the
+    """Seconds from the first apply until every one of the fleet's Services exists and every
+    Deployment has an available replica, each service's objects applied straight in the
+    operator's order (APPLY_WORKERS services at a time); None past the timeout. A ClusterIP
+    Service is the slow write of the two: the apiserver allocates its address under a lock.
+    They stay (idle kwok pods cost the stack nothing more): deleting 500 would keep the
     controllers busy while the operator is measured."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -261,11 +278,16 @@ def stack_floor(api_client, kubectl_command: list[str], services: int, k: int, t
     from . import live
 
     live.fresh_namespace(kubectl_command, FLOOR_NAMESPACE)
-    deployments = floor_deployments(services, k)
+    objects = floor_objects(services, k)
     kube = Kube(api_client)
+
+    def apply_all(service_objects: list[dict]) -> None:
+        for obj in service_objects:
+            kube.apply(obj)
+
     started = time.monotonic()
     with ThreadPoolExecutor(APPLY_WORKERS) as pool:
-        list(pool.map(kube.apply, deployments))
+        list(pool.map(apply_all, objects))
     apps = client.AppsV1Api(api_client)
     available = _watch_until(
         apps.list_namespaced_deployment, FLOOR_NAMESPACE, services, started + timeout_s,

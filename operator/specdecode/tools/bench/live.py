@@ -128,6 +128,8 @@ class AuditWrite:
     namespace: str
     name: str
     time: str
+    latency_s: Optional[float] = None
+    """From the request's arrival to its answer (the audit entry's two timestamps)."""
 
 
 def _completed_writes(lines: Iterable[str]) -> Iterator[dict]:
@@ -154,8 +156,10 @@ def audit_writes(lines: Iterable[str], user: str, namespaces: Optional[Iterable[
         resource = ref.get("resource", "")
         if ref.get("subresource"):
             resource += "/" + ref["subresource"]
+        received, answered = _stamp(entry.get("requestReceivedTimestamp", "")), _stamp(entry.get("stageTimestamp", ""))
+        latency = answered - received if received is not None and answered is not None else None
         out.append(AuditWrite(entry["verb"], resource, ref.get("namespace", ""), ref.get("name", ""),
-                              entry.get("stageTimestamp", "")))
+                              entry.get("stageTimestamp", ""), latency))
     return out
 
 
@@ -215,6 +219,17 @@ def count_by(writes: Iterable[AuditWrite]) -> dict[str, int]:
         key = f"{w.verb} {w.resource}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def latency_by(writes: Iterable[AuditWrite]) -> dict[str, dict[str, float]]:
+    """Per kind of write ("patch services"): how many, and the median and 90th percentile of
+    their latency, the most numerous first."""
+    latencies: dict[str, list[float]] = {}
+    for w in writes:
+        if w.latency_s is not None:
+            latencies.setdefault(f"{w.verb} {w.resource}", []).append(w.latency_s)
+    return {key: {"count": len(values), "median_s": _percentile(values, 0.5), "p90_s": _percentile(values, 0.9)}
+            for key, values in sorted(latencies.items(), key=lambda kv: -len(kv[1]))}
 
 
 # ------------------------------------------------------------------------------------ table
