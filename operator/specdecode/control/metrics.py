@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -226,7 +227,7 @@ class ConfigKey:
         return (self.namespace, self.service)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VectorSample:
     """One element of an instant-vector query result."""
 
@@ -765,7 +766,14 @@ def parse_vector(data: Any) -> list[VectorSample]:
     out: list[VectorSample] = []
     for item in data:
         try:
-            labels = {str(k): str(v) for k, v in item["metric"].items()}
+            labels = item["metric"]
+            if not all(type(k) is str and type(v) is str for k, v in labels.items()):
+                labels = {str(k): str(v) for k, v in labels.items()}
+            else:
+                # A fleet's read holds 60,000 of these at once (one per service, bucket and
+                # query): the decoded answer's own dicts, each name and value once per text.
+                for key, text in labels.items():
+                    labels[key] = sys.intern(text)
             value = float(item["value"][1])
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise PrometheusQueryError(f"malformed vector element {item!r}: {err}") from err
