@@ -170,11 +170,15 @@ def test_the_stack_floor_applies_the_deployments_and_services_the_operator_rende
     assert [objects[0]["metadata"]["name"] for objects in floor] == ["svc-0000", "svc-0001", "svc-0002"]
     assert all(o["metadata"]["namespace"] == fleet.FLOOR_NAMESPACE for objects in floor for o in objects)
     assert not any("ownerReferences" in o["metadata"] for objects in floor for o in objects)
+    # not the operator's: its Deployment handler must not take the floor's events for its own
+    assert not any(C.LABEL_MANAGED_BY in o["metadata"]["labels"] for objects in floor for o in objects)
+    assert C.LABEL_MANAGED_BY not in floor[0][0]["spec"]["template"]["metadata"]["labels"]
     service = api.parse_service(fleet.fleet_service(1, k))
     rendered = {o["kind"]: o for o in render.render_all(service, cs.choose(service.spec, None)[0], owner_uid="uid",
                                                         pod_monitor_served=False)}
     deployment, svc = floor[1]
     assert deployment["spec"]["template"]["spec"] == rendered["Deployment"]["spec"]["template"]["spec"]
+    assert deployment["spec"]["selector"] == rendered["Deployment"]["spec"]["selector"]
     assert svc["spec"] == rendered["Service"]["spec"]
 
 

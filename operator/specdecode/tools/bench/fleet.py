@@ -249,7 +249,10 @@ FLOOR_KINDS = ("Deployment", "Service")
 def floor_objects(services: int, k: int, namespace: str = FLOOR_NAMESPACE) -> list[list[dict]]:
     """Per service, the Deployment and the Service the operator renders for it (in the order
     it applies them), without an owner (none exists: the garbage collector would delete them).
-    One replica each: no PodDisruptionBudget; the local stack serves no PodMonitor."""
+    One replica each: no PodDisruptionBudget; the local stack serves no PodMonitor. Without
+    the operator's managed-by label either, on them and their pods: the operator's Deployment
+    handler would take each event of the floor's for one of its own (an event, a pass and
+    kopf's memory of the object) while it is measured."""
     from ... import api
     from ...control import state as cs
     from ...render import workload as render
@@ -258,8 +261,12 @@ def floor_objects(services: int, k: int, namespace: str = FLOOR_NAMESPACE) -> li
     for index in range(services):
         service = api.parse_service(fleet_service(index, k, namespace))
         choice, _, _ = cs.choose(service.spec, None)
-        objects.append([obj for obj in render.render_all(service, choice, pod_monitor_served=False)
-                        if obj["kind"] in FLOOR_KINDS])
+        kept = [obj for obj in render.render_all(service, choice, pod_monitor_served=False) if obj["kind"] in FLOOR_KINDS]
+        for obj in kept:
+            obj["metadata"]["labels"].pop(C.LABEL_MANAGED_BY, None)
+            if obj["kind"] == "Deployment":
+                obj["spec"]["template"]["metadata"]["labels"].pop(C.LABEL_MANAGED_BY, None)
+        objects.append(kept)
     return objects
 
 
