@@ -10,9 +10,11 @@ import pytest
 from specdecode.control.perfmodel import (
     OFF,
     EngineParams,
+    EngineParamsError,
     Schedule,
     ScheduleError,
     Workload,
+    capacity,
     config_label,
     expected_tokens_per_step,
     kv_capacity,
@@ -103,6 +105,21 @@ def test_a_true_schedule_penalty_slows_every_step() -> None:
     slow = EngineParams(schedule_penalty=0.2)
     for rate in (1.0, 20.0):
         assert steady_state(slow, load(rate), s).tpot_s > 1.15 * steady_state(H100, load(rate), s).tpot_s
+
+
+def test_a_true_schedule_penalty_from_a_batch_slows_only_the_steps_past_it() -> None:
+    """The reported MTP collapse: below the threshold a step costs what it did; from it up,
+    the whole step, prompt chunks included, is the penalty slower."""
+    s = Schedule(((1, 64, 3), (65, 1024, 0)))
+    past = EngineParams(schedule_penalty=2.0, schedule_penalty_from_batch=48)
+    for batch in (1.0, 20.0, 47.9):
+        assert step_time(past, s, batch, CONTEXT, 512) == step_time(H100, s, batch, CONTEXT, 512)
+    for batch in (48.0, 100.0):
+        assert step_time(past, s, batch, CONTEXT, 512) == pytest.approx(3 * step_time(H100, s, batch, CONTEXT, 512))
+    assert steady_state(past, load(1.0), s).tpot_s == steady_state(H100, load(1.0), s).tpot_s
+    assert capacity(past, load(1.0), s) < 0.8 * capacity(H100, load(1.0), s)
+    with pytest.raises(EngineParamsError, match="schedule_penalty_from_batch"):
+        EngineParams(schedule_penalty_from_batch=-1.0)
 
 
 def test_proposal_at_low_load_is_the_best_static_k() -> None:

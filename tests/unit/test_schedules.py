@@ -262,6 +262,31 @@ def test_a_schedule_that_falls_behind_a_load_plain_k_would_serve_is_reverted_lon
     assert "behind" in (after.schedule_note or "")
 
 
+def test_a_collapse_past_a_batch_threshold_passes_the_rollout_check_and_is_reverted_when_load_crosses_it():
+    """The reported MTP collapse as the truth plays it: steps three times slower under the
+    schedule only from a running batch of 48 up. Rolled out in the calm (a batch of about 2),
+    the check after the rollout measures exactly what the uniform truth would and keeps it;
+    days later a load that crosses the threshold, which plain K=3 would serve, falls behind
+    under the schedule: reverted by the throughput check."""
+    collapsing = replace(TRUTH, schedule_penalty=2.0, schedule_penalty_from_batch=48)
+    settings = auto()
+    calm = both(workload(2), SCHEDULE, params=collapsing)
+    assert calm == both(workload(2), SCHEDULE), "below the threshold the schedule costs what it always did"
+    assert first_revert(settings, under_schedule(since=NOW, live_since=NOW + 180.0), collapsing, 2) is None
+    uniform = replace(TRUTH, schedule_penalty=2.0)
+    assert first_revert(settings, under_schedule(since=NOW, live_since=NOW + 180.0), uniform, 2) is not None
+
+    plain_capacity = perfmodel.capacity(TRUTH, workload(1), 3)
+    offered = 0.75 * plain_capacity
+    assert perfmodel.capacity(collapsing, workload(offered), SCHEDULE) < 0.7 * plain_capacity
+    assert perfmodel.capacity(TRUTH, workload(offered), SCHEDULE) > plain_capacity, "no collapse without the threshold"
+    state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    decision, after = step(settings, state, at_capacity(offered, SCHEDULE, collapsing), NOW)
+    assert decision.changes and decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+    assert "fell behind its load" in decision.reason, decision.reason
+    assert after.schedule is None and SCHEDULE.label in after.rejected_schedules
+
+
 def test_a_queue_plain_k_could_not_serve_either_keeps_the_schedule():
     """A surge past every config's capacity queues under the schedule too; it serves more
     than plain K=3 would (off at the surge's batches), so it is no reason to go back."""

@@ -192,9 +192,13 @@ class EngineParams:
     the full-to-piecewise CUDA-graph downgrade and the per-step K lookup (one report: 14 %
     slower single-stream, ~1 ms of an 8B step). The policy calibrates it after a rollout."""
     schedule_penalty: float = 0.0
-    """Relative slow-down of every step under a schedule (0.2 = 20 % slower), beyond
-    ``schedule_overhead_s``: a truth a scenario sets to play the reported regressions (an
-    MTP setup whose throughput collapsed past a threshold); the policy's prior is 0."""
+    """Relative slow-down of the steps under a schedule (0.2 = 20 % slower), beyond
+    ``schedule_overhead_s``: a truth a scenario sets to play the reported regressions; the
+    policy's prior is 0. Every step's, or from ``schedule_penalty_from_batch`` up."""
+    schedule_penalty_from_batch: float = 0.0
+    """The running batch from which ``schedule_penalty`` applies (0: at every batch). The
+    reported MTP collapse: aggregate throughput fell only once concurrency crossed the
+    schedule's threshold, so a check right after the rollout, at a calmer load, saw nothing."""
     batch_dispersion: float = 1.0
     """Variance / mean of the running batch around its mean (1: Poisson, as many requests
     in flight independently); sets how often a schedule's steps fall into each range."""
@@ -264,6 +268,7 @@ class EngineParams:
             "step_table_draft_scale",
             "schedule_overhead_s",
             "schedule_penalty",
+            "schedule_penalty_from_batch",
             "batch_dispersion",
         ):
             value = getattr(self, name)
@@ -577,18 +582,29 @@ class _StepCost:
     per_seq: float
     per_prefill_token: float
     curve: tuple[tuple[float, float], ...] = ()
+    slow_from_batch: float = math.inf
+    """From this running batch up, every part of the step is ``slowdown`` times slower (a
+    schedule's truth-only penalty past a threshold)."""
+    slowdown: float = 1.0
+
+    def _factor(self, batch: float) -> float:
+        return self.slowdown if batch >= self.slow_from_batch else 1.0
 
     def decode(self, batch: float) -> float:
         """Seconds of a decode step at ``batch`` sequences, no prefill."""
         curve = self.curve
         if not curve:
-            return self.fixed + self.per_seq * batch
+            return (self.fixed + self.per_seq * batch) * self._factor(batch)
         if batch <= curve[0][0]:
-            return curve[0][1]
+            return curve[0][1] * self._factor(batch)
         for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
             if batch <= b1:
                 break
-        return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        return (t0 + (t1 - t0) * (batch - b0) / (b1 - b0)) * self._factor(batch)
+
+    def prefill_per_token(self, batch: float) -> float:
+        """Seconds per prompt token chunked into a step of ``batch`` sequences."""
+        return self.per_prefill_token * self._factor(batch)
 
 
 def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
@@ -648,15 +664,16 @@ def _table_step_cost(
 def _scheduled_step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
     """A step of K ``k`` under a schedule: the plain step of that K (a K 0 step also pays the
     speculation bookkeeping: the proposer stays configured), plus ``schedule_overhead_s``,
-    times ``1 + schedule_penalty``."""
+    times ``1 + schedule_penalty`` (from ``schedule_penalty_from_batch`` up, when set)."""
     cost = _step_cost(params, k, context_tokens)
     extra = params.schedule_overhead_s + (params.spec_overhead_s if k == 0 else 0.0)
-    scale = 1.0 + params.schedule_penalty
     return _StepCost(
-        fixed=(cost.fixed + extra) * scale,
-        per_seq=cost.per_seq * scale,
-        per_prefill_token=cost.per_prefill_token * scale,
-        curve=tuple((b, (t + extra) * scale) for b, t in cost.curve),
+        fixed=cost.fixed + extra,
+        per_seq=cost.per_seq,
+        per_prefill_token=cost.per_prefill_token,
+        curve=tuple((b, t + extra) for b, t in cost.curve),
+        slow_from_batch=params.schedule_penalty_from_batch if params.schedule_penalty > 0 else math.inf,
+        slowdown=1.0 + params.schedule_penalty,
     )
 
 
@@ -677,7 +694,7 @@ def step_time(
         cost = _scheduled_step_cost(params, k.k_at(batch), context_tokens)
     else:
         cost = _step_cost(params, k, context_tokens)
-    return cost.decode(batch) + cost.per_prefill_token * prefill_tokens
+    return cost.decode(batch) + cost.prefill_per_token(batch) * prefill_tokens
 
 
 def kv_capacity(params: EngineParams, k: Config) -> float:
@@ -1042,7 +1059,7 @@ def _schedule_flows(params: EngineParams, shape: _ScheduleShape, schedule: Sched
     mix: dict[int, list[float]] = {}
     for k, prob, b in _band_occupancy(schedule, batch, params.batch_dispersion):
         e, n, cost = by_k[k]
-        step = cost.decode(b) + b * cost.per_prefill_token * prefill / n
+        step = cost.decode(b) + b * cost.prefill_per_token(b) * prefill / n
         seq_steps = prob * b / step
         rate += seq_steps / n
         steps += seq_steps
@@ -1736,7 +1753,7 @@ def propose_schedule(
         step = cost.decode(b)
         if output_tokens is not None and prompt_tokens > 0:
             steps_per_request = prefill_steps + max(0.0, output_tokens - 1.0) / e[k]
-            step += cost.per_prefill_token * prompt_tokens * b / steps_per_request
+            step += cost.prefill_per_token(b) * prompt_tokens * b / steps_per_request
         return step / e[k]
 
     # Static: the best plain K over the batches seen (all points when none were seen).
