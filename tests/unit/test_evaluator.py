@@ -338,6 +338,43 @@ def test_ticks_that_are_not_due_cost_no_read_and_a_new_generation_is_looked_at_o
     assert _tick(ev, kube, memory) is not None
 
 
+def test_late_ticks_keep_the_evaluation_interval_on_average_and_never_bunch():
+    """kopf fires a timer a tick after its last handler ended: on a busy event loop every
+    tick comes late. Evaluations keep the evaluationInterval (30 s) on average all the same,
+    not an interval plus a tick's lateness (at 500 services: 753 a minute of the 1,000 due),
+    and none follows another by much less than the interval."""
+    service, best = _steady_service()
+    kube = _kube(service)
+    now = [T0]
+    ev, memory = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0]), ServiceMemory()
+    period_s, minutes = 5.8, 20  # 5 s ticks, each 0.8 s late
+    evaluated_at = []
+    for tick in range(int(minutes * 60 / period_s)):
+        now[0] = T0 + timedelta(seconds=tick * period_s)
+        if _tick(ev, kube, memory) is not None:
+            evaluated_at.append(tick * period_s)
+    assert len(evaluated_at) >= minutes * 2 - 1, evaluated_at  # dated from when they ran: 35
+    gaps = [b - a for a, b in zip(evaluated_at, evaluated_at[1:])]
+    assert min(gaps) >= 30 - 2 * 5.0, gaps
+
+
+def test_an_evaluation_more_than_two_ticks_late_starts_the_schedule_again():
+    """After a pause (kopf's peering, a process restarted) the next evaluation is one interval
+    after the late one, not a burst to catch up on the ones missed."""
+    service, best = _steady_service()
+    kube = _kube(service)
+    now = [T0]
+    ev, memory = _evaluator(CountingReader(snapshot=_noisy_snapshots(best)), kube, clock=lambda: now[0]), ServiceMemory()
+    assert _tick(ev, kube, memory) is not None
+    now[0] = T0 + timedelta(seconds=95)  # due at 30 s; paused until 95 s
+    assert _tick(ev, kube, memory) is not None
+    for seconds in (100, 105, 120):
+        now[0] = T0 + timedelta(seconds=seconds)
+        assert _tick(ev, kube, memory) is None
+    now[0] = T0 + timedelta(seconds=125)
+    assert _tick(ev, kube, memory) is not None
+
+
 def _status_with_names(names: str | None) -> api.SpecDecodeServiceStatus:
     return api.SpecDecodeServiceStatus.model_validate({"observations": {"metricNames": names}} if names else {})
 
