@@ -20,7 +20,7 @@ from specdecode import api
 from specdecode import constants as C
 from specdecode.control import evaluation, metrics, perfmodel
 from specdecode.control import status as st
-from specdecode.shell.evaluator import Evaluator, ServiceMemory
+from specdecode.shell.evaluator import Evaluator, ServiceMemory, next_schedule
 from specdecode.shell.kube import Conflict
 from specdecode.control.metrics import ConfigKey
 from specdecode.shell.settings import OperatorSettings
@@ -356,6 +356,35 @@ def test_late_ticks_keep_the_evaluation_interval_on_average_and_never_bunch():
     assert len(evaluated_at) >= minutes * 2 - 1, evaluated_at  # dated from when they ran: 35
     gaps = [b - a for a, b in zip(evaluated_at, evaluated_at[1:])]
     assert min(gaps) >= 30 - 2 * 5.0, gaps
+
+
+def test_a_short_interval_is_kept_on_average_and_never_halved():
+    """With an evaluationInterval of a few ticks (5 s against 2 s ticks, each a little late),
+    evaluations keep the interval on average, none closer than half of it."""
+    service, best = _steady_service()
+    service["spec"]["autotune"]["evaluationInterval"] = "5s"
+    kube = _kube(service)
+    now = [T0]
+    ev = Evaluator(kube, FakeController(), OperatorSettings(evaluation_tick=2.0), clock=lambda: now[0],
+                   reader_factory=CountingReader(snapshot=_noisy_snapshots(best)))
+    memory, period_s, evaluated_at = ServiceMemory(), 2.1, []
+    for tick in range(int(600 / period_s)):
+        now[0] = T0 + timedelta(seconds=tick * period_s)
+        if _tick(ev, kube, memory) is not None:
+            evaluated_at.append(tick * period_s)
+    gaps = [b - a for a, b in zip(evaluated_at, evaluated_at[1:])]
+    assert 4.9 <= sum(gaps) / len(gaps) <= 5.3, sum(gaps) / len(gaps)  # dated from when they ran: 6.3
+    assert min(gaps) >= 2.5, gaps
+
+
+@pytest.mark.parametrize("late_s, counts_from", [(1.0, "due"), (2.4, "due"), (2.6, "now"), (9.0, "now")])
+def test_an_evaluation_late_by_more_than_half_an_interval_starts_the_schedule_again(late_s, counts_from):
+    """Interval 5 s, ticks of 2 s: two ticks late would be 4 s, but a late evaluation counted
+    from when it was due would be followed by another within a second."""
+    due = 100.0 + 5.0
+    scheduled = next_schedule(100.0, due + late_s, interval=5.0, tick=2.0)
+    assert scheduled == (due if counts_from == "due" else due + late_s)
+    assert scheduled + 5.0 - (due + late_s) >= 2.5
 
 
 def test_an_evaluation_more_than_two_ticks_late_starts_the_schedule_again():
