@@ -94,7 +94,8 @@ class FleetFigures:
                                  f"the last at {s['last_at_s']:.0f} s ({s['services']} services)")
               for s in self.stages],
             ("operator writes while coming up", ""),
-            *[(f"  {kind}", f"{w['count']:.0f}, {w['median_s']:.2f} s median, {w['p90_s']:.2f} s p90 latency")
+            *[(f"  {kind}", f"{w['count']:.0f} ({w.get('per_s', 0.0):.1f} a second), {w['median_s']:.2f} s median, "
+                             f"{w['p90_s']:.2f} s p90 latency")
               for kind, w in self.coming_up_writes.items()],
             ("steady stretch measured", f"{self.steady_s:.0f} s"),
             ("operator RSS (steady / peak)", f"{self.rss_mb:.0f} MB / {self.peak_rss_mb:.0f} MB"),

@@ -222,14 +222,26 @@ def count_by(writes: Iterable[AuditWrite]) -> dict[str, int]:
 
 
 def latency_by(writes: Iterable[AuditWrite]) -> dict[str, dict[str, float]]:
-    """Per kind of write ("patch services"): how many, and the median and 90th percentile of
-    their latency, the most numerous first."""
+    """Per kind of write ("patch services"): how many, the median and 90th percentile of
+    their latency, and how many the apiserver completed a second from its first answer to its
+    last (the kube-apiserver allocates ClusterIPs one at a time, so Services come at its pace
+    however many are in flight), the most numerous first."""
     latencies: dict[str, list[float]] = {}
+    answered: dict[str, list[float]] = {}
     for w in writes:
         if w.latency_s is not None:
-            latencies.setdefault(f"{w.verb} {w.resource}", []).append(w.latency_s)
-    return {key: {"count": len(values), "median_s": _percentile(values, 0.5), "p90_s": _percentile(values, 0.9)}
-            for key, values in sorted(latencies.items(), key=lambda kv: -len(kv[1]))}
+            key = f"{w.verb} {w.resource}"
+            latencies.setdefault(key, []).append(w.latency_s)
+            at = _stamp(w.time)
+            if at is not None:
+                answered.setdefault(key, []).append(at)
+    summary = {}
+    for key, values in sorted(latencies.items(), key=lambda kv: -len(kv[1])):
+        times = answered.get(key, [])
+        span = max(times) - min(times) if len(times) > 1 else 0.0
+        summary[key] = {"count": len(values), "median_s": _percentile(values, 0.5), "p90_s": _percentile(values, 0.9),
+                        "per_s": (len(times) - 1) / span if span > 0 else 0.0}
+    return summary
 
 
 # ------------------------------------------------------------------------------------ table
