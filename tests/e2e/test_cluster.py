@@ -182,6 +182,27 @@ def test_writes_are_in_the_audit_log(kube_api, namespace, cluster):
     assert event["requestObject"]["data"] == {"k": "v"}
 
 
+def test_the_apiserver_reports_each_clusterip_allocation_and_etcd_write_the_fleet_bench_reads(
+        kube_api, namespace, cluster):
+    """`bench fleet` reads the ClusterIP allocations, the etcd writes and the stack's CPU from
+    the real apiserver's /metrics and /proc: the names must be the ones this version reports."""
+    from kubernetes import client
+
+    from specdecode.tools.bench import stackload
+
+    markers = [str(cluster.state_dir)]
+    before = stackload.sample(kube_api, markers, time.monotonic)
+    core = client.CoreV1Api(kube_api)
+    for index in range(3):
+        core.create_namespaced_service(namespace, client.V1Service(
+            metadata=client.V1ObjectMeta(name=f"alloc-{index}"),
+            spec=client.V1ServiceSpec(selector={"app": "none"}, ports=[client.V1ServicePort(port=8000)])))
+    load = stackload.load_between(before, stackload.sample(kube_api, markers, time.monotonic), cores=1)
+    assert load.allocations >= 3 and load.allocation_mean_ms is not None and load.allocation_mean_ms > 0
+    assert load.etcd_writes >= 6  # each Service and its IPAddress, at least
+    assert {"kube-apiserver", "etcd"} <= set(load.cpu_s) and load.cpu_s["kube-apiserver"] > 0
+
+
 def test_kubectl_and_server_report_the_same_minor(cluster):
     result = subprocess.run(cluster.kubectl_command("version", "-o", "json"), capture_output=True, text=True,
                             timeout=30, check=True)

@@ -11,7 +11,10 @@ Before the operator starts, the stack's own floor: the same N Deployments and Se
 operator would render, applied straight with no operator, timed until every Service exists
 and every Deployment has an available replica. Time to Serving cannot be shorter than that on
 the same machine (the operator writes Serving after it applied the Service: a service no
-client can reach is not serving); the difference is the operator's.
+client can reach is not serving); the difference is the operator's. Around the floor and
+around the operator's ramp, what the stack did (`stackload`): the apiserver's ClusterIP
+allocations (one at a time, under one lock: the pace of new Services), its etcd writes, and
+every process's CPU, so a run shows where its time went.
 
 `fleet_targets` and `fleet_service` are pure; `run_fleet` drives the stack.
 """
@@ -19,13 +22,16 @@ client can reach is not serving); the difference is the operator's.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from ... import constants as C
+from . import stackload
 from .live import Target
+from .stackload import StackLoad
 
 NAMESPACE = "specdecode-fleet"
 FLOOR_NAMESPACE = "specdecode-fleet-floor"
@@ -42,6 +48,7 @@ RSS_GOAL_MB = 250.0
 # `kubectl apply` in parallel would send them (kubectl alone sends them one by one: 38 s for
 # 500, most of it waiting for each answer in turn).
 APPLY_WORKERS = 8
+CORES = os.cpu_count() or 1
 WORKLOAD = {"request_rate": 2.0, "prompt_tokens": 1000, "output_tokens": 300, "temperature": 0.0, "acceptance": 0.8}
 
 Progress = Callable[[str], None]
@@ -77,6 +84,10 @@ class FleetFigures:
     """The same N Deployments and Services applied with no operator until every Service existed
     and every Deployment was available (`stack_floor`); None when not measured or when some
     never were."""
+    floor_load: Optional[StackLoad] = None
+    """What the stack did during the floor, and during the operator's ramp (from the apply
+    until every service was Serving): its ClusterIP allocations, etcd writes and CPU."""
+    ramp_load: Optional[StackLoad] = None
     machine: str = ""
 
     def to_json(self) -> dict:
@@ -93,6 +104,8 @@ class FleetFigures:
             *[(f"  {s['name']}", f"{s['median_s']:.1f} s median, {s['p90_s']:.1f} s p90 after the step before; "
                                  f"the last at {s['last_at_s']:.0f} s ({s['services']} services)")
               for s in self.stages],
+            *_load_rows("the stack alone, while it came up", self.floor_load),
+            *_load_rows("the stack, while the operator's fleet came up", self.ramp_load),
             ("operator writes while coming up", ""),
             *[(f"  {kind}", f"{w['count']:.0f} ({w.get('per_s', 0.0):.1f} a second), {w['median_s']:.2f} s median, "
                              f"{w['p90_s']:.2f} s p90 latency")
@@ -109,6 +122,10 @@ class FleetFigures:
             *[(f"  {request}", str(count)) for request, count in self.writes_by_request.items()],
             ("machine", self.machine),
         ]
+
+
+def _load_rows(title: str, load: Optional[StackLoad]) -> list[tuple[str, str]]:
+    return [] if load is None else [(title, ""), *load.describe()]
 
 
 def fleet_targets(f: FleetFigures) -> list[Target]:
@@ -169,10 +186,16 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
                                       recreate=False, keep=keep, build_progress=False)
         api_client = load_config(str(cluster.kubeconfig))
         k = steady_k()
-        floor_s = None
+        # The stack's processes: the cluster's binaries run from its state directory; the
+        # operator, the simulator and Prometheus name the bench's work directory.
+        markers = [str(cluster.state_dir), str(workdir)]
+        floor_s = floor_load = None
         if floor:
             progress(f"the stack alone: applying the {services} Deployments and Services with no operator")
+            before_floor = stackload.sample(api_client, markers, time.monotonic)
             floor_s = stack_floor(api_client, stack.kubectl_command, services, k, serve_timeout_s)
+            floor_load = stackload.load_between(before_floor, stackload.sample(api_client, markers, time.monotonic),
+                                                CORES)
             progress("the stack alone: " + ("not all there" if floor_s is None
                                             else f"all there {floor_s:.0f} s after the apply began"))
         prometheus = stack.start_prometheus(label="fleet", scrape_interval_s=SCRAPE_S)
@@ -187,11 +210,13 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
         before_apply = audit.mark()
 
         progress(f"applying {services} services")
+        before_ramp = stackload.sample(api_client, markers, time.monotonic)
         applied = time.monotonic()
         apply_services(custom, [fleet_service(i, k) for i in range(services)])
         apply_s = time.monotonic() - applied
         serving = wait_all_serving(custom, services, applied + serve_timeout_s)
         serving_s = time.monotonic() - applied if serving == services else None
+        ramp_load = stackload.load_between(before_ramp, stackload.sample(api_client, markers, time.monotonic), CORES)
         progress(f"{serving}/{services} Serving after {time.monotonic() - applied:.0f} s; waiting for "
                  "every service's first evaluation on a full window")
         coming_up = audit.lines_since(before_apply)
@@ -237,7 +262,7 @@ def run_fleet(services: int, *, workdir: Path, cluster_name: str, measure_s: flo
             decisions_per_min=(end["decisions"] - start["decisions"]) * per_min,
             writes_per_min=len(writes) * per_min, writes_by_request=live.count_by(writes),
             apply_s=apply_s, stages=[asdict(stage) for stage in stages],
-            coming_up_writes=coming_up_writes, stack_floor_s=floor_s,
+            coming_up_writes=coming_up_writes, stack_floor_s=floor_s, floor_load=floor_load, ramp_load=ramp_load,
             machine=live.machine_note(),
         )
     finally:
