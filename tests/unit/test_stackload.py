@@ -72,7 +72,7 @@ def test_the_stacks_processes_are_found_by_their_command_lines_and_named_by_role
         (entry / "stat").write_text(f"{pid} (x y) " + " ".join(fields))
 
     state, work = "/state/cluster/fleet500", "/tmp/specdecode-bench-fleet-abc"
-    process(10, [f"{state}/bin/kube-apiserver", f"--etcd-prefix=/registry", f"--audit-log-path={state}/audit.log"],
+    process(10, [f"{state}/bin/kube-apiserver", "--etcd-prefix=/registry", f"--audit-log-path={state}/audit.log"],
             3 * ticks)
     process(11, [f"{state}/bin/etcd", f"--data-dir={state}/etcd"], ticks)
     process(12, ["/venv/bin/python", "-m", "specdecode", "run", "--kubeconfig", f"{work}/operator.kubeconfig"],

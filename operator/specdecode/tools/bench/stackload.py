@@ -14,7 +14,7 @@ The parsers are pure (text in, numbers out); `sample` only fetches the text and 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -50,9 +50,6 @@ class StackLoad:
     cpu_busy: float
     """The part of every core's time the stack's processes used."""
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
     def describe(self) -> list[tuple[str, str]]:
         """Report rows, indented under a heading the caller gives."""
         allocations = ("not reported (an apiserver without the allocator's histogram)"
@@ -83,7 +80,7 @@ def histogram_totals(text: str) -> tuple[tuple[float, float], tuple[float, float
     allocations = [0.0, 0.0]
     writes = [0.0, 0.0]
     for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        if family.name not in (ALLOCATION_HISTOGRAM, ETCD_HISTOGRAM):
+        if family.name not in wanted:
             continue
         for sample in family.samples:
             if family.name == ETCD_HISTOGRAM and sample.labels.get("operation") not in ETCD_WRITE_OPERATIONS:
