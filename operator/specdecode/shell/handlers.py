@@ -51,6 +51,9 @@ TIMER_WORKERS = 2
 # Prometheus is slow); then kopf looks again this often (each look is a patch of the service).
 TIMER_EXIT_WAIT_S = 3.0
 TIMER_EXIT_POLL_S = 2.0
+# kopf's name for its last-handled state (an annotation under our prefix until it was held in
+# memory; the name still finds the annotation an older operator left, to remove it).
+DIFFBASE_KEY = "last-handled-configuration"
 
 
 def _kube_from_config() -> Kube:
@@ -116,15 +119,61 @@ class DigestDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return {"digest": hashlib.sha256(text.encode()).hexdigest()}
 
 
+class HeldDiffBaseStorage(DigestDiffBaseStorage):
+    """kopf's last-handled digest, held in this process, not written into the service.
+
+    kopf patched it into the service after every handled change: a write per new service and
+    per spec edit, and a watch event of the whole object back to every watcher of services.
+    When 500 services were applied at once, those were 500 of the operator's 3,800 writes,
+    while every write slowed the apiserver's ClusterIP allocations that set the fleet's pace.
+    kopf needs the digest only to tell a new service from a changed one, and the handlers do
+    the same for both (each pass reconciles the whole object). A restarted operator holds
+    none: kopf takes every service for a new one, and `sds_create`, seeing its status,
+    reconciles it in full as the resume handler would. The annotation an older operator
+    left is removed with kopf's next write to the service.
+
+    kopf calls `fetch` and `store` from its event loop only. A service is dropped when kopf
+    first sees it being deleted (its finalizer is on it while the operator runs)."""
+
+    def __init__(self, *, prefix: str, key: str) -> None:
+        super().__init__(prefix=prefix, key=key)
+        self._held: dict[str, Any] = {}
+
+    def fetch(self, *, body: Any) -> Any:
+        uid = body.metadata.uid
+        if body.metadata.deletion_timestamp:
+            return self._held.pop(uid, None)
+        return self._held.get(uid)
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        if not body.metadata.deletion_timestamp:
+            self._held[body.metadata.uid] = essence
+        for key in self.make_keys(self.key, body=body):
+            if key in body.metadata.annotations:
+                patch.metadata.annotations[key] = None
+
+    def held(self) -> int:
+        """How many services' digests this process holds."""
+        return len(self._held)
+
+
+class UnbrandedProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's handler progress in annotations, as kopf keeps it (a failed handler's retries
+    survive a restart), without the `kopf-managed` marker kopf adds with it: a handler that
+    succeeds at once has its progress purged in the same patch, and the marker alone kept
+    that patch, a write to every new service."""
+
+    def _store_marker(self, prefix: str, patch: Any, body: Any) -> None:
+        return None
+
+
 def operator_startup(settings: kopf.OperatorSettings, memo: Memo, logger: logging.Logger, **_: Any) -> None:
     """Configure kopf once: bookkeeping under our annotation prefix, peering, posting level,
     the reconciles' threads; then build the operator's state in the memo."""
     process_memory.limit_arenas()
     ours = memo.settings
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = DigestDiffBaseStorage(
-        prefix=C.ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.progress_storage = UnbrandedProgressStorage(prefix=C.ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = HeldDiffBaseStorage(prefix=C.ANNOTATION_PREFIX, key=DIFFBASE_KEY)
     settings.persistence.finalizer = C.KOPF_FINALIZER
     # At INFO kopf would turn every handler log line into an Event; ours are posted explicitly.
     settings.posting.level = logging.WARNING
@@ -199,9 +248,12 @@ def _follow(memo: Memo, body: kopf.Body) -> None:
 
 def sds_create(body: kopf.Body, namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
     """A new service: apply its children without reading them first (there are none yet; a
-    retry reads them)."""
+    retry reads them). A service with a status is not new: a restarted operator holds no
+    digests (`HeldDiffBaseStorage`), so kopf calls every service it finds new; it gets the
+    full pass a resume would."""
     _follow(memo, body)
-    _reconcile(memo, namespace, name, retry, Children.new_service() if retry == 0 else EVERYTHING)
+    new = retry == 0 and not body.get("status")
+    _reconcile(memo, namespace, name, retry, Children.new_service() if new else EVERYTHING)
 
 
 def sds_reconcile(body: kopf.Body, namespace: str, name: str, memo: Memo, retry: int, **_: Any) -> None:
