@@ -76,6 +76,44 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
+DISCOVERY_FILE_PREFIX = "specdecode-discovery-"
+
+
+def discovery_cache_file(directory: str, pid: int, instance: int) -> str:
+    return os.path.join(directory, f"{DISCOVERY_FILE_PREFIX}{pid}-{instance}.json")
+
+
+def remove_orphaned_discovery_files(directory: str, alive: Any = None) -> list[str]:
+    """Remove the discovery cache files of processes that are gone. Each process removes its
+    own at exit; a killed one (SIGKILL, OOM) cannot, and its file stayed in the temporary
+    directory. `alive(pid)`: whether a process runs (default: signal 0)."""
+    alive = alive or _process_alive
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(DISCOVERY_FILE_PREFIX) and name.endswith(".json")):
+            continue
+        pid = name[len(DISCOVERY_FILE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not alive(int(pid)):
+            path = os.path.join(directory, name)
+            _remove_quietly(path)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 class Kube:
     """The operator's API access. Thread-safe: kopf runs sync handlers in a thread pool."""
 
@@ -87,7 +125,8 @@ class Kube:
         # resources are kept here, and its cache file is this process's own (the library's
         # default, one file per apiserver in /tmp, is shared by every process on the machine).
         self._discovery_lock = threading.RLock()
-        cache_file = os.path.join(tempfile.gettempdir(), f"specdecode-discovery-{os.getpid()}-{id(self)}.json")
+        remove_orphaned_discovery_files(tempfile.gettempdir())
+        cache_file = discovery_cache_file(tempfile.gettempdir(), os.getpid(), id(self))
         atexit.register(_remove_quietly, cache_file)
         with self._discovery_lock:
             self.dynamic = DynamicClient(api_client, cache_file=cache_file)
