@@ -122,6 +122,28 @@ def test_serving_when_live_progressing_while_rolling():
     assert st.get_condition(rolling.conditions, C.COND_READY).status == "True"
 
 
+def test_a_rollouts_counts_alone_are_told_from_a_change_a_user_or_the_loop_acts_on():
+    """The Deployment events of a rollout bring new counts (0/2, then 1/2 updated) with the
+    service still Progressing; the step to Serving, a Ready that flips or a failed rollout
+    is another kind of change."""
+    spec = _spec(numSpeculativeTokens=3)
+    started = st.next_status(api.SpecDecodeServiceStatus(), _outcome(updated=0, available=0, ready=0, total=0),
+                             spec, 3, T0)
+    one_updated = st.next_status(started, _outcome(updated=1, available=0, ready=0, total=1), spec, 3,
+                                 T0 + timedelta(seconds=3))
+    assert st.only_rollout_counts_changed(started, one_updated)
+    assert not st.only_rollout_counts_changed(one_updated, one_updated)  # nothing changed
+    one_ready = st.next_status(one_updated, _outcome(updated=1, available=1, ready=1, total=1), spec, 3, T0)
+    assert not st.only_rollout_counts_changed(one_updated, one_ready)  # Ready flips to True
+    serving = st.next_status(one_ready, _outcome(), spec, 3, T0)
+    assert not st.only_rollout_counts_changed(one_ready, serving)  # Serving
+    scaled = st.next_status(serving, _outcome(replicas=3, updated=2, available=2, total=2), spec, 3, T0)
+    assert not st.only_rollout_counts_changed(serving, scaled)  # Progressing's reason: Scaling
+    stuck = st.next_status(one_updated, st.ReconcileOutcome(**{**_outcome().__dict__, "apply_error": "422"}),
+                           spec, 3, T0)
+    assert not st.only_rollout_counts_changed(one_updated, stuck)  # Degraded
+
+
 def test_speculation_effective_says_running_once_the_rollout_is_done_and_keeps_the_loops_words():
     """Seen at 500 services: every Serving service still read "ngram K=3 rolling out" until the
     loop's next decision, which in a steady fleet never comes."""

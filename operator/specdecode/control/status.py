@@ -122,6 +122,26 @@ class RolloutState:
         )
 
 
+# The conditions whose messages carry a rollout's counts ("1/2 updated, 0 available").
+_COUNTING_CONDITIONS = (C.COND_PROGRESSING, C.COND_READY)
+
+
+def only_rollout_counts_changed(current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus) -> bool:
+    """Whether `new` differs from `current` in a rollout's counts alone: the replica counts
+    and the messages of Progressing and Ready, with the same phase and the same status and
+    reason in every condition. False when nothing changed."""
+
+    def without_counts(status: api.SpecDecodeServiceStatus) -> dict[str, Any]:
+        wire = dict(status.to_wire())
+        wire.pop("replicas", None)
+        wire.pop("readyReplicas", None)
+        wire["conditions"] = [{k: v for k, v in c.items() if k != "message" or c.get("type") not in _COUNTING_CONDITIONS}
+                              for c in wire.get("conditions") or []]
+        return wire
+
+    return current.to_wire() != new.to_wire() and without_counts(current) == without_counts(new)
+
+
 def rollout_state(deployment: Optional[dict[str, Any]], rendered_hash: str) -> RolloutState:
     """Read the Deployment's status the way `kubectl rollout status` does."""
     if deployment is None:

@@ -118,6 +118,11 @@ def check_replicas(spec: api.SpecDecodeServiceSpec, limit: Optional[int]) -> Non
         )
 
 
+# A rollout's counts alone (pods updated, available) are written from a Deployment event at
+# most this often per service; the periodic pass writes them whatever their age.
+COUNTS_WRITE_INTERVAL_S = 10.0
+
+
 class Controller:
     """The reconcile shell around the pure render and status functions."""
 
@@ -139,6 +144,10 @@ class Controller:
         # The newest version of each child read or written, by (kind, namespace, name): a
         # child a watch event delivered is used unread only when it is not older than this.
         self._child_versions: dict[tuple[str, str, str], int] = {}
+        # When each service's status was last written, by (namespace, name): a Deployment
+        # event that changes only a rollout's counts is not written within
+        # COUNTS_WRITE_INTERVAL_S of it.
+        self._status_written: dict[tuple[str, str], datetime] = {}
 
     def lock_for(self, namespace: str, name: str) -> threading.RLock:
         """One lock per service: reconciles and evaluations of a service never interleave (an
@@ -199,6 +208,7 @@ class Controller:
                 for key in [k for k in kept if k[1] == namespace and k[2] in children]:
                     del kept[key]
             self._canary_gone.pop((namespace, name), None)
+            self._status_written.pop((namespace, name), None)
 
     def _reconcile(self, body: dict[str, Any], children: Children = EVERYTHING) -> str:
         now = self.clock()
@@ -271,6 +281,13 @@ class Controller:
             # the experiment, deletes the canary and gives the main Deployment its replicas back.
             experiment_shell.cancel_running_experiment(self.kube, body, new, cancel, now)
             self.log.warning("%s/%s: experiment cancelled: %s", service.namespace, service.name, cancel)
+        elif children.only is not None and not applied and self._counts_only_and_recent(body, current, new, now):
+            # A Deployment event that brings a rollout's counts alone (each Deployment sends 3
+            # to 5 as its pods start), soon after the last write. Each written, 500 new
+            # services made 2,270 status writes while they came up instead of 1,250, and every
+            # one was Serving 30 s later. The next change of phase or condition is written, and
+            # the periodic pass writes the counts whatever their age.
+            pass
         else:
             self._write_status(body, current, new)
         for type_, reason_, message in events:
@@ -493,6 +510,13 @@ class Controller:
                                  f"fields could not be replaced ({_api_error_message(second)}); recreated it", now)
         return self.kube.apply(obj)
 
+    def _counts_only_and_recent(self, body: dict[str, Any], current: api.SpecDecodeServiceStatus,
+                                new: api.SpecDecodeServiceStatus, now: datetime) -> bool:
+        meta = body["metadata"]
+        written = self._status_written.get((meta.get("namespace"), meta["name"]))
+        return (written is not None and (now - written).total_seconds() < COUNTS_WRITE_INTERVAL_S
+                and st.only_rollout_counts_changed(current, new))
+
     def _write_status(
         self, body: dict[str, Any], current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus
     ) -> bool:
@@ -504,4 +528,6 @@ class Controller:
         except ApiException:
             instrumentation.ERRORS.labels("status").inc()
             raise
+        meta = body["metadata"]
+        self._status_written[(meta.get("namespace"), meta["name"])] = self.clock()
         return True
