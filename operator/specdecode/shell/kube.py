@@ -23,6 +23,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from .. import constants as C
+from .. import processes
 from .. import timestamps
 from .bodies import ServiceBodies
 from .instrumentation import API_WRITES
@@ -83,11 +84,10 @@ def discovery_cache_file(directory: str, pid: int, instance: int) -> str:
     return os.path.join(directory, f"{DISCOVERY_FILE_PREFIX}{pid}-{instance}.json")
 
 
-def remove_orphaned_discovery_files(directory: str, alive: Any = None) -> list[str]:
+def remove_orphaned_discovery_files(directory: str) -> list[str]:
     """Remove the discovery cache files of processes that are gone. Each process removes its
     own at exit; a killed one (SIGKILL, OOM) cannot, and its file stayed in the temporary
-    directory. `alive(pid)`: whether a process runs (default: signal 0)."""
-    alive = alive or _process_alive
+    directory."""
     removed = []
     try:
         names = os.listdir(directory)
@@ -97,21 +97,11 @@ def remove_orphaned_discovery_files(directory: str, alive: Any = None) -> list[s
         if not (name.startswith(DISCOVERY_FILE_PREFIX) and name.endswith(".json")):
             continue
         pid = name[len(DISCOVERY_FILE_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not alive(int(pid)):
+        if pid.isdigit() and not processes.alive(int(pid)):
             path = os.path.join(directory, name)
             _remove_quietly(path)
             removed.append(path)
     return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 class Kube:

@@ -37,6 +37,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import yaml
 
+from specdecode.processes import alive
 from specdecode.tools.localstack.build import Binaries, ensure_binaries
 from specdecode.tools.localstack.manifests import (ClusterSpec, Ports, audit_policy, gpu_nodes,
                                              kwokctl_configuration, pod_stages)
@@ -248,20 +249,6 @@ def processes_referencing(path: Path) -> list[int]:
     return sorted(pids)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers signal 0 but is gone for every practical purpose.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     """SIGTERM, then SIGKILL whatever is still alive after the grace period."""
     for pid in pids:
@@ -270,10 +257,10 @@ def terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -281,7 +268,7 @@ def terminate(pids: Sequence[int], grace_seconds: float = 10.0) -> None:
     # SIGKILL is delivered asynchronously: give the kernel a moment to reap before callers
     # check for survivors.
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.05)
 
 
@@ -437,7 +424,7 @@ class LocalCluster:
 
     def _is_ours(self, pid: int) -> bool:
         # Guard against a recycled pid: the process must still be one of this cluster's.
-        return _alive(pid) and str(self.workdir) + os.sep in _cmdline(pid)
+        return alive(pid) and str(self.workdir) + os.sep in _cmdline(pid)
 
     def component_pids(self) -> dict[str, int | None]:
         """Each component's pid if it is alive (kwokctl's pid files), else None."""
@@ -716,6 +703,6 @@ class LocalCluster:
         pids = processes_referencing(self.workdir)
         if pids:
             terminate(pids)
-        survivors = [pid for pid in processes_referencing(self.workdir) if _alive(pid)]
+        survivors = [pid for pid in processes_referencing(self.workdir) if alive(pid)]
         if survivors:
             raise ClusterError(f"could not stop processes {survivors} of cluster {self.name!r}: kill them by pid")
