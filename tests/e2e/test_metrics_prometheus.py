@@ -337,6 +337,27 @@ def test_reader_finds_the_series_under_the_names_prometheus_stored(stack):
 
 
 @pytest.mark.timeout(120)
+def test_the_trend_scope_reads_the_full_plans_finished_requests_in_one_query(stack):
+    """The capacity hedge's trend window costs one query per selector; on the real
+    Prometheus it counts the same finished requests as the full plan's query over the same
+    window, and the emulation the benchmark uses agrees."""
+    url, rules, _ = stack
+    at = latest_sample_time(url)
+    full = QueryScope.of(20, {"namespace": "team-a"})
+    load = QueryScope.of(20, {"namespace": "team-a"}, load_only=True)
+    result = PrometheusReader(PrometheusAccess(url, timeout_s=5)).read([full, load], at)
+    assert isinstance(result, metrics.MetricsSnapshot)
+    assert result.queries == len(metrics.QUERY_SPECS) + 1
+    by_full, by_load = result.observations[full], result.observations[load]
+    assert by_load and set(by_load) == set(by_full)
+    emulated = metrics.observe_series(load, raw_series(url, at), at, rules)
+    for key, obs in by_load.items():
+        assert obs.requests > 0 and close(obs.requests, by_full[key].requests)
+        assert close(obs.requests, emulated[key].requests)
+        assert obs.speculation is None and obs.e2e_p95_s is None  # nothing else was asked
+
+
+@pytest.mark.timeout(120)
 def test_rate_and_histogram_quantile_match_prometheus(stack):
     url, rules, _ = stack
     end = latest_sample_time(url)

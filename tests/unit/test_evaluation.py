@@ -257,3 +257,36 @@ def test_a_steady_fleet_writes_almost_no_observations_by_chance():
                 writes += 1
                 stored = new
     assert writes <= 1, f"{writes} chance writes in {evaluations} evaluations"
+
+
+def test_the_trend_is_the_whole_services_load_over_half_an_hour_or_six_windows():
+    """The hedge compares the long window's load with the trend window's: the whole service
+    (the running config and a canary or the config before a restart alike), read by one
+    cheap query per scope; six long windows when those are longer than five minutes."""
+    from dataclasses import replace
+    from specdecode.control import metrics
+
+    spec = _spec()
+    settings = PolicySettings.from_spec(spec)
+    long_scope, guard_scope, trend_scope = evaluation.scopes_for(spec, settings)
+    assert (long_scope.window_s, guard_scope.window_s, trend_scope.window_s) == (300, 75, 1800)
+    assert trend_scope.load_only and not long_scope.load_only
+    assert [q.spec.name for q in metrics.build_query_plan(trend_scope)] == ["e2e_count"]
+    longer = api.parse_spec({"model": {"name": "m"}, "speculation": {"method": "ngram"},
+                             "autotune": {"window": "10m"}})
+    assert PolicySettings.from_spec(longer).trend_window_s == 3600
+
+    window = observe(Workload(12, 1000, 300, 0, 0.7), 3, 300)
+    by_scope = {
+        long_scope: {replace(window.key, config_hash="abc"): replace(window, key=replace(window.key, config_hash="abc"))},
+        trend_scope: {
+            replace(window.key, config_hash=h): replace(window, key=replace(window.key, config_hash=h),
+                                                        window_s=1800.0, requests=n)
+            for h, n in (("abc", 9000.0), ("old", 9000.0))
+        },
+    }
+    read = metrics.MetricsSnapshot(evaluated_at=0.0, observations=by_scope, queries=2)
+    observed = evaluation.observations_for(read, spec, window.key.namespace, window.key.service, "abc", settings)
+    assert observed.window is not None and observed.trend_rate == 10.0
+    unread = evaluation.observations_for(read, spec, "other", "svc", "abc", settings)
+    assert unread.trend_rate is None

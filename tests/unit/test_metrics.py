@@ -94,6 +94,18 @@ class TestQueryPlan:
         assert len(plan) == len(metrics.QUERY_SPECS)
         assert len({q.spec.name for q in plan}) == len(plan)
 
+    def test_a_load_only_scope_reads_finished_requests_alone(self):
+        """The trend window costs one counter query per scope, not the whole plan; it is a
+        scope of its own even when a long window has the same length."""
+        scope = QueryScope.of(1800, {"cluster": "eu-1"}, load_only=True)
+        (query,) = build_query_plan(scope)
+        assert query.text == (
+            f"sum by (namespace, {SVC}, {HASH}) "
+            f'(increase(vllm:e2e_request_latency_seconds_count{{{SVC}!="", cluster="eu-1"}}[1800s])'
+            f' or increase(vllm_e2e_request_latency_seconds_count{{{SVC}!="", cluster="eu-1"}}[1800s]))'
+        )
+        assert scope != QueryScope.of(1800, {"cluster": "eu-1"})
+
     def test_every_query_groups_by_service_and_config_hash(self):
         for query in build_query_plan(QueryScope.of(300)):
             assert f"by (namespace, {SVC}, {HASH}" in query.text

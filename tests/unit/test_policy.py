@@ -657,6 +657,26 @@ def test_hedge_moves_to_capacity_while_a_restart_is_still_affordable():
     assert "capacity hedge" in decision.reason and "if the load stays" in decision.reason
 
 
+def _with_trend(observed: PolicyObservations, trend_rate: float | None) -> PolicyObservations:
+    return PolicyObservations.of(observed.window, observed.guard, trend_rate)
+
+
+def test_a_load_that_sits_in_the_hedge_zone_buys_no_insurance():
+    """K=3 at 16.6 req/s, in the hedge's zone. Half an hour at 16 req/s says the load is not
+    rising: no hedge, and the hold says why with the numbers. The same window after half an
+    hour at 11 req/s (a rise of half) hedges; so does one with no trend read (as before)."""
+    settings = auto(max_surge=0)
+    observed = both(Workload(16.6, 1000, 300, 0, 0.8), 3)
+    flat = rules.decide(settings, on(3), _with_trend(observed, 16.0), (), NOW)
+    assert flat.action is Action.HOLD and flat.k == 3 and flat.rule != "hedge"
+    assert "the load is not rising" in flat.reason and "16.00 req/s" in flat.reason
+    assert "30.0min window" in flat.reason and "20% needed" in flat.reason
+    rising = rules.decide(settings, on(3), _with_trend(observed, 11.0), (), NOW)
+    assert rising.action is Action.DISABLE and rising.rule == "hedge"
+    unread = rules.decide(settings, on(3), _with_trend(observed, None), (), NOW)
+    assert unread.action is Action.DISABLE and unread.rule == "hedge"
+
+
 @pytest.mark.parametrize(
     "rate, max_surge",
     [

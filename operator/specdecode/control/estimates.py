@@ -28,14 +28,19 @@ class PolicyObservations:
     """The short (guard) window of the current config hash."""
     reason: str = constants.REASON_METRICS_OK
     message: str = ""
+    trend_rate: float | None = None
+    """Finished requests per second of the whole service (every config, so a restart does not
+    reset it) over the trend window (`PolicySettings.trend_window_s`); None when unread."""
 
     @classmethod
     def unavailable(cls, message: str, reason: str = constants.REASON_METRICS_MISSING) -> "PolicyObservations":
         return cls(False, None, None, reason, message)
 
     @classmethod
-    def of(cls, window: Observation | None, guard: Observation | None) -> "PolicyObservations":
-        return cls(True, window, guard)
+    def of(
+        cls, window: Observation | None, guard: Observation | None, trend_rate: float | None = None
+    ) -> "PolicyObservations":
+        return cls(True, window, guard, trend_rate=trend_rate)
 
 
 @dataclass(frozen=True)

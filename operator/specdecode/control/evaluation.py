@@ -72,18 +72,27 @@ def observations_for(
     config_hash: Optional[str],
     settings: PolicySettings,
 ) -> PolicyObservations:
-    """The current config's observations over the long and the guard window."""
+    """The current config's observations over the long and the guard window, and the whole
+    service's load over the trend window."""
     if isinstance(read, metrics.MetricsUnavailable):
         return PolicyObservations.unavailable(read.message, read.reason)
-    long_scope, guard_scope = scopes_for(spec, settings)
+    long_scope, guard_scope, trend_scope = scopes_for(spec, settings)
     window = read.for_service(long_scope, namespace, name).get(config_hash or "")
     guard = read.for_service(guard_scope, namespace, name).get(config_hash or "")
-    return PolicyObservations.of(window, guard)
+    trend = metrics.service_request_rate(read.for_service(trend_scope, namespace, name).values())
+    return PolicyObservations.of(window, guard, trend)
 
 
-def scopes_for(spec: api.SpecDecodeServiceSpec, settings: PolicySettings) -> tuple[metrics.QueryScope, metrics.QueryScope]:
+def scopes_for(
+    spec: api.SpecDecodeServiceSpec, settings: PolicySettings
+) -> tuple[metrics.QueryScope, metrics.QueryScope, metrics.QueryScope]:
+    """The long, the guard and the trend (load only) scope of a service's queries."""
     selector = spec.metrics.selector
-    return metrics.QueryScope.of(settings.window_s, selector), metrics.QueryScope.of(settings.guard_window_s, selector)
+    return (
+        metrics.QueryScope.of(settings.window_s, selector),
+        metrics.QueryScope.of(settings.guard_window_s, selector),
+        metrics.QueryScope.of(settings.trend_window_s, selector, load_only=True),
+    )
 
 
 def evaluate(

@@ -79,11 +79,14 @@ _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 class QueryScope:
     """What one batch of queries covers: the window and the extra label matchers.
 
-    Services with the same window and the same metrics selector share a scope.
+    Services with the same window and the same metrics selector share a scope. A
+    ``load_only`` scope reads the finished requests alone (`LOAD_SPECS`): the load over the
+    trend window, which the capacity hedge compares with the long window's.
     """
 
     window_s: float
     matchers: tuple[tuple[str, str], ...] = ()
+    load_only: bool = False
 
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and math.isfinite(self.window_s)):
@@ -95,9 +98,14 @@ class QueryScope:
                 raise ValueError(f"metrics selector: label {name!r} is reserved")
 
     @classmethod
-    def of(cls, window_s: float, selector: Mapping[str, str] | None = None) -> QueryScope:
+    def of(cls, window_s: float, selector: Mapping[str, str] | None = None, load_only: bool = False) -> QueryScope:
         """A scope from a window and the spec's selector labels (order-independent)."""
-        return cls(window_s, tuple(sorted((selector or {}).items())))
+        return cls(window_s, tuple(sorted((selector or {}).items())), load_only)
+
+    @property
+    def specs(self) -> tuple[QuerySpec, ...]:
+        """The queries this scope's plan runs."""
+        return LOAD_SPECS if self.load_only else QUERY_SPECS
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,9 @@ QUERY_SPECS: tuple[QuerySpec, ...] = (
 )
 """The fixed plan: one query per metric family, each covering every service in a scope."""
 
+LOAD_SPECS: tuple[QuerySpec, ...] = tuple(spec for spec in QUERY_SPECS if spec.name == "e2e_count")
+"""The plan of a ``load_only`` scope: finished requests, one cheap counter."""
+
 
 @dataclass(frozen=True)
 class PlannedQuery:
@@ -198,7 +209,7 @@ def render_matchers(matchers: Iterable[tuple[str, str]]) -> str:
 
 def build_query_plan(scope: QueryScope) -> tuple[PlannedQuery, ...]:
     """The fixed queries of one scope (independent of how many services it covers)."""
-    return tuple(PlannedQuery(spec, scope, spec.promql(scope)) for spec in QUERY_SPECS)
+    return tuple(PlannedQuery(spec, scope, spec.promql(scope)) for spec in scope.specs)
 
 
 def guard_window(window_s: float, scrape_interval_s: float) -> float:
@@ -209,6 +220,18 @@ def guard_window(window_s: float, scrape_interval_s: float) -> float:
     and never longer than the window itself.
     """
     return min(window_s, max(window_s / 4.0, 4.0 * scrape_interval_s))
+
+
+TREND_WINDOW_MIN_S = 1800.0
+"""The trend window is at least half an hour: a rise the capacity hedge insures against
+shows over tens of minutes (a diurnal swing, a ramp), and a stationary load's noise averages
+out."""
+
+
+def trend_window(window_s: float) -> float:
+    """The window whose load the long window's is compared with, to tell a rising load from a
+    stationary one: six long windows, at least `TREND_WINDOW_MIN_S`."""
+    return max(TREND_WINDOW_MIN_S, 6.0 * window_s)
 
 
 # --- Observations (pure) --------------------------------------------------------------------
@@ -572,6 +595,15 @@ def build_observations(
     return observations
 
 
+def service_request_rate(observations: Iterable[Observation]) -> float | None:
+    """Finished requests per second of a service over one window, summed over its configs
+    (one `MetricsSnapshot.for_service` answer); None when it has none."""
+    found = list(observations)
+    if not found:
+        return None
+    return sum(obs.requests for obs in found) / found[0].window_s
+
+
 # --- Emulated evaluation on raw series (pure; benchmark and e2e check) ---------------------
 
 
@@ -670,7 +702,7 @@ def evaluate_plan(
     rules: PromQLRules = promql.PROMETHEUS_3,
 ) -> dict[str, list[VectorSample]]:
     """The emulated results of a scope's whole plan at ``at``."""
-    return {spec.name: evaluate_query(spec, scope, series, at, rules) for spec in QUERY_SPECS}
+    return {spec.name: evaluate_query(spec, scope, series, at, rules) for spec in scope.specs}
 
 
 def observe_series(

@@ -62,7 +62,9 @@ Order of the rules (the first that applies decides):
    (x ``hedge_overload``): it moves to a config with ``hedge_min_capacity_gain`` more
    capacity that would be ``hedge_min_benefit`` faster there, when the mean e2e saved in that
    future outweighs the mean e2e it costs at today's load over the payback horizon, restart
-   included (`hedge_outlook`, weights ``hedge_rise_prior``). Release: no tuning move or
+   included (`hedge_outlook`, weights ``hedge_rise_prior``), and only while the load is
+   rising: the long window's request rate ``hedge_min_rise`` above the trend window's (half
+   an hour or more; a load that sits in the zone buys no insurance). Release: no tuning move or
    re-probe goes to a config with less capacity while the load on either window is above
    ``hedge_release`` of the rollout capacity and the hedge would send it back at once.
 9. Tuning: the best config by predicted score; act only when it beats the current one by the
@@ -754,6 +756,15 @@ def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
     return low, high
 
 
+def _load_rise(ctx: _Context, est: Estimate) -> float | None:
+    """How far the long window's request rate is above the trend window's (relative; < 0:
+    falling); None when the trend window was not read or saw no request."""
+    trend = ctx.observed.trend_rate
+    if trend is None or trend <= 0:
+        return None
+    return est.request_rate / trend - 1.0
+
+
 def _locked_in(
     ctx: _Context,
     calibration: Calibration,
@@ -790,6 +801,19 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
 
     low, high = _window_rates(ctx, est)
     hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
+    unneeded = ""
+    rise = _load_rise(ctx, est)
+    if hedge is not None and rise is not None and rise < t.hedge_min_rise:
+        # Insurance against a rise is bought while the load rises; one that sits in the zone
+        # would pay the premium every day for a rise nothing shows.
+        unneeded = (
+            f"; in the capacity hedge's zone ({low:.2f} req/s near the "
+            f"{hedge.rollout_capacity_rps:.1f} req/s the replicas left serving during a rollout carry), "
+            f"but the load is not rising ({rise:+.0%} over the "
+            f"{fmt_s(s.trend_window_s)} window's {ctx.observed.trend_rate:.2f} req/s, "
+            f"{t.hedge_min_rise:.0%} needed)"
+        )
+        hedge = None
     recovering = _recovering_alpha(ctx, est)
     if hedge is not None and recovering is not None and best_hedge(
         calibration, est, current, preds, s, low, t.hedge_zone, high, alpha=recovering
@@ -829,7 +853,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
         return hold(
-            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}"
+            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}{unneeded}"
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
         return hold(

@@ -77,6 +77,12 @@ class PolicyTuning:
     config's capacity (where it is locked in and its queue grows)."""
     hedge_min_benefit: float = 0.25
     """A hedge must be at least 25% faster than the current config in that future."""
+    hedge_min_rise: float = 0.2
+    """A hedge insures against a rising load, so it needs one: the long window's request rate
+    at least this much above the trend window's (`metrics.trend_window`, half an hour or
+    more). A load that sits in the zone is not insured against: each restart there costs
+    latency today for a rise nothing shows (a day at a stationary load near the zone hedged
+    off and stayed off)."""
     restart_max_rollout_load: float = 0.8
     """With maxSurge 0, a restart is affordable only while the load is below this fraction of
     what the replicas left serving during the rollout carry: nearer that capacity each round
@@ -107,6 +113,8 @@ class PolicySettings:
     window_s: float = 300.0
     guard_window_s: float = 75.0
     """The short window of the fast guards (`metrics.guard_window`)."""
+    trend_window_s: float = 1800.0
+    """The window whose load tells a rising load from a stationary one (`metrics.trend_window`)."""
     warmup_s: float = 120.0
     min_drafts: int = 2000
     """Drafted tokens the long window needs (scaled down for the guard window)."""
@@ -137,7 +145,7 @@ class PolicySettings:
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
             raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}..{self.max_k}")
-        for name in ("window_s", "guard_window_s", "evaluation_interval_s", "scrape_interval_s"):
+        for name in ("window_s", "guard_window_s", "trend_window_s", "evaluation_interval_s", "scrape_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
 
@@ -184,6 +192,7 @@ class PolicySettings:
             evaluation_interval_s=api.parse_duration(auto.evaluation_interval),
             window_s=window,
             guard_window_s=metrics.guard_window(window, scrape),
+            trend_window_s=metrics.trend_window(window),
             warmup_s=api.parse_duration(auto.warmup),
             min_drafts=auto.min_drafts,
             min_requests=auto.min_requests,

@@ -106,7 +106,7 @@ class PrometheusReader:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
 
-        unique = sorted(set(scopes), key=lambda s: (s.window_s, s.matchers))
+        unique = sorted(set(scopes), key=lambda s: (s.window_s, s.matchers, s.load_only))
         planned = [query for scope in unique for query in build_query_plan(scope)]
         at = round(at, 3)
         try:

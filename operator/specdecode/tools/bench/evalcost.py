@@ -143,10 +143,14 @@ def fleet(samples: list[Sample]) -> Fleet:
         name = f"svc-{i:04d}"
         settings = PolicySettings.from_spec(
             sample.spec, restart_s=evaluation.measured_restart_s(sample.status, sample.spec))
-        long_scope, guard_scope = evaluation.scopes_for(sample.spec, settings)
+        long_scope, guard_scope, trend_scope = evaluation.scopes_for(sample.spec, settings)
         effective = sample.status.speculation
         config_hash = effective.config_hash if effective and effective.config_hash else ""
-        for scope, obs in ((long_scope, sample.observed.window), (guard_scope, sample.observed.guard)):
+        window, trend_rate = sample.observed.window, sample.observed.trend_rate
+        # The trend scope reads finished requests alone: the long window's, over its window.
+        trend = (replace(window, window_s=trend_scope.window_s, requests=trend_rate * trend_scope.window_s)
+                 if window is not None and trend_rate is not None else None)
+        for scope, obs in ((long_scope, window), (guard_scope, sample.observed.guard), (trend_scope, trend)):
             if obs is not None:
                 key = ConfigKey(NAMESPACE, name, config_hash)
                 observations[scope][key] = replace(obs, key=key)

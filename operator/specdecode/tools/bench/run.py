@@ -48,7 +48,7 @@ from specdecode.control import evaluation
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.settings import PolicySettings
 from specdecode.control.experiments import CanaryPlan, running_record
-from specdecode.control.metrics import ConfigKey, QueryScope
+from specdecode.control.metrics import ConfigKey, QueryScope, service_request_rate
 from specdecode.control.perfmodel import OFF
 from specdecode.tools.scenario import Scenario, load_scenario
 
@@ -233,9 +233,10 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
     rollout_s = _align(params.rollout_s, scrape)
     long_scope = QueryScope.of(settings.window_s)
     guard_scope = QueryScope.of(settings.guard_window_s)
+    trend_scope = QueryScope.of(settings.trend_window_s, load_only=True)
     fleet = telemetry.Fleet(
         scenario.name, scenario.method, params, scenario.seed,
-        telemetry.keep_seconds([settings.window_s, settings.guard_window_s]),
+        telemetry.keep_seconds([settings.window_s, settings.guard_window_s, settings.trend_window_s]),
         scenario.noise.request_acceptance_sd,
     )
     config: perfmodel.Config = settings.configured_k
@@ -295,7 +296,9 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
             read = fleet.observe(long_scope, t)
             long = telemetry.current_observation(read, scenario.name, config)
             short = telemetry.current_observation(fleet.observe(guard_scope, t), scenario.name, config)
-            observed = PolicyObservations.of(long, short)
+            trend = service_request_rate(
+                obs for key, obs in fleet.observe(trend_scope, t).items() if key.service == scenario.name)
+            observed = PolicyObservations.of(long, short, trend)
             if canary is not None:
                 candidate_observation = read.get(ConfigKey(telemetry.NAMESPACE, scenario.name, canary.label))
         result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t), canary=candidate_observation)

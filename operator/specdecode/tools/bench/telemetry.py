@@ -201,7 +201,7 @@ class Fleet:
             spec.name: metrics.evaluate_query(
                 spec, scope, [s for name in spec.names for s in self._by_metric.get(name, ())], at, RULES
             )
-            for spec in metrics.QUERY_SPECS
+            for spec in scope.specs
         }
         return metrics.build_observations(results, window_s=scope.window_s, evaluated_at=at)
 
