@@ -210,6 +210,16 @@ class TestObservations:
         assert obs.tpot_mean_s is None
         assert obs.staleness_s == pytest.approx(5.0)
 
+    def test_a_window_without_two_samples_of_the_request_counter_is_not_idle(self):
+        """After a scrape gap (or a pod's first minutes) increase() has no answer for the
+        counters while the pods' gauges are back: nothing counted, which is not zero requests."""
+        counted = build_observations(full_results(), window_s=100, evaluated_at=1000)[KEY]
+        assert counted.requests_counted
+        results = {k: v for k, v in full_results().items()
+                   if k in ("running", "waiting", "kv_cache_usage", "newest_sample", "pods", "peak_running")}
+        obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
+        assert obs.pods == 2 and not obs.requests_counted and obs.requests == 0
+
     def test_nan_values_are_ignored(self):
         results = full_results()
         results["e2e_sum"] = vec(math.nan)

@@ -172,6 +172,17 @@ def test_idle_service_holds_without_failing():
     assert decision.metrics_available is True
 
 
+def test_a_window_prometheus_did_not_cover_is_not_called_idle():
+    """Scrapes resumed after an outage: the counters have one sample in the window, so nothing
+    was counted. The hold says so instead of "no finished requests", and decides nothing."""
+    gap = replace(observe(LOW, 3, 300), requests=0.0, requests_counted=False, speculation=None,
+                  e2e_p95_s=None, tpot_p95_s=None)
+    decision = rules.decide(auto(), on(3), PolicyObservations.of(gap, replace(gap, window_s=75)), (), NOW)
+    assert decision.action is Action.HOLD and decision.rule == "samples" and decision.k == 3
+    assert "fewer than two samples of the request counter" in decision.reason
+    assert "no finished requests" not in decision.reason and decision.metrics_available is True
+
+
 def test_spec_decode_series_absent_when_off_is_not_missing():
     decision = rules.decide(auto(), off(since=NOW - 60), both(LOW, OFF), (), NOW)
     assert decision.metrics_available is True and decision.action is Action.HOLD

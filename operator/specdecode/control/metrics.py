@@ -348,6 +348,10 @@ class Observation:
     scrape escaped the names; both when some pods are stored one way and some the other."""
     peak_running: float | None = None
     """Largest running batch of one pod over the window (``max_over_time``)."""
+    requests_counted: bool = True
+    """False when Prometheus held fewer than two samples of the request counter in the window
+    (its scrapes resumed after a gap, or the pods' series began inside it): ``requests`` is
+    then 0 without meaning that no request finished."""
 
     @property
     def metric_names(self) -> str | None:
@@ -588,6 +592,7 @@ def build_observations(
             generation_tps=per_second("generation_tokens"),
             prompt_tps=per_second("prompt_tokens"),
             peak_running=get("peak_running", key),
+            requests_counted=e2e_count is not None,
             metric_spellings=tuple(
                 prefix for prefix in SPELLINGS if any(spelling_of(n) == prefix for n in pods_seen)
             ),

@@ -248,6 +248,14 @@ def _decide_on_windows(ctx: _Context, below_floor: bool) -> Decision:
             f"after its warm-up ({fmt_s(left)} left)",
             metrics=flags,
         )
+    if obs_long is not None and not obs_long.requests_counted:
+        return _make(
+            ctx, Action.HOLD, state.k, Rule.SAMPLES,
+            f"Prometheus holds fewer than two samples of the request counter in the last "
+            f"{fmt_s(s.window_s)} (its scrapes resumed after a gap, or the pods' series began "
+            f"inside the window): nothing to judge until the window fills",
+            metrics=flags,
+        )
     if obs_long is None or obs_long.idle:
         return _make(
             ctx, Action.HOLD, state.k, Rule.IDLE,
