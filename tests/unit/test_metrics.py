@@ -220,6 +220,16 @@ class TestObservations:
         obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
         assert obs.pods == 2 and not obs.requests_counted and obs.requests == 0
 
+    def test_the_p95_is_as_sure_as_the_windows_requests_make_it(self):
+        """The window's histogram rides along, and the P95 it is confidently above nears the
+        P95 as the requests grow; without a histogram there is no bound."""
+        obs = build_observations(full_results(), window_s=100, evaluated_at=1000)[KEY]
+        assert obs.e2e_buckets and obs.e2e_buckets[-1] == (math.inf, 100.0)
+        bounds = [metrics.confident_quantile(obs.e2e_buckets, 0.95, n, 2.0, 4.0) for n in (100, 1e3, 1e5)]
+        assert bounds[0] < bounds[1] < bounds[2] <= obs.e2e_p95_s
+        assert bounds[2] == pytest.approx(obs.e2e_p95_s, rel=0.02)
+        assert metrics.confident_quantile((), 0.95, 100, 2.0, 4.0) is None
+
     def test_nan_values_are_ignored(self):
         results = full_results()
         results["e2e_sum"] = vec(math.nan)

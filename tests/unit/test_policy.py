@@ -301,6 +301,31 @@ def test_slo_guard_falls_back_when_speculation_is_the_cause():
     assert "P95 e2e" in decision.reason and "> SLO 20.00s" in decision.reason
 
 
+def _e2e_histogram(requests: float, below: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """Cumulative buckets from (upper bound, fraction of requests at or below it)."""
+    return tuple((bound, fraction * requests) for bound, fraction in below) + ((math.inf, requests),)
+
+
+def test_slo_guard_ignores_a_breach_within_the_p95s_sampling_noise():
+    """The surge above, with the guard window's histogram given. P95 20.8 s against an SLO of
+    20 s, but the window's 2,550 requests only say it is above 19.3 s: no restart for that.
+    P95 22.5 s that is at least 21.6 s: the guard acts, and says how sure it is."""
+    settings = auto(slo_e2e_s=20.0, slo_tpot_s=None)
+    long = observe(Workload(20, 1000, 300, 0, 0.8), 5, 300)
+    short = observe(Workload(34, 1000, 300, 0, 0.8), 5, 75)
+    n = short.requests
+    noisy = replace(short, e2e_buckets=_e2e_histogram(n, ((10, 0.8333), (20, 0.94), (25, 1.0))))
+    est = estimates.estimate(noisy, settings.tuning)
+    assert est.e2e_p95_s is not None and est.e2e_p95_s > 20 and est.e2e_p95_low_s < 20
+    held = rules.decide(settings, on(5), PolicyObservations.of(long, noisy), (), NOW)
+    assert held.rule != "slo-guard"
+    clear = replace(short, e2e_buckets=_e2e_histogram(n, ((10, 0.8333), (20, 0.90), (25, 1.0))))
+    assert estimates.estimate(clear, settings.tuning).e2e_p95_low_s > 20
+    decision = rules.decide(settings, on(5), PolicyObservations.of(long, clear), (), NOW)
+    assert decision.rule == "slo-guard" and decision.changes and decision.config < 5
+    assert "within the window's sampling noise" in decision.reason
+
+
 def test_slo_guard_holds_when_overload_is_the_cause():
     overload = Workload(34, 1000, 300, 0, 0.8)
     settings = auto(slo_e2e_s=5.0, slo_tpot_s=None)  # no config meets 5 s at 34 req/s

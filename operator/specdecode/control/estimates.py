@@ -13,7 +13,7 @@ from specdecode.control import memo
 from specdecode.control import perfmodel
 from specdecode.control.decision import ConfigPrediction
 from specdecode.control.settings import PolicySettings, PolicyTuning
-from specdecode.control.metrics import Observation
+from specdecode.control.metrics import LATENCY_QUANTILE, Observation, confident_quantile
 from specdecode.control.perfmodel import OFF, EngineParams, Workload
 
 
@@ -67,6 +67,11 @@ class Estimate:
     tpot_p95_s: float | None
     kv_usage: float | None = None
     """Mean KV-cache usage of a replica (0..1) over the window."""
+    e2e_p95_low_s: float | None = None
+    """What the window's P95 e2e latency is at least, at the confidence box's width
+    (`metrics.confident_quantile`); None without a histogram."""
+    tpot_p95_low_s: float | None = None
+    """The same for the P95 time per output token."""
 
 
 _DEFAULT_PROMPT_TOKENS = 1000.0
@@ -115,6 +120,10 @@ def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
         e2e_p95_s=obs.e2e_p95_s,
         tpot_p95_s=obs.tpot_p95_s,
         kv_usage=obs.kv_cache_usage,
+        e2e_p95_low_s=confident_quantile(
+            obs.e2e_buckets, LATENCY_QUANTILE, requests, tuning.confidence_z, tuning.overdispersion),
+        tpot_p95_low_s=confident_quantile(
+            obs.tpot_buckets, LATENCY_QUANTILE, requests, tuning.confidence_z, tuning.overdispersion),
     )
 
 

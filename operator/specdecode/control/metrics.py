@@ -348,6 +348,11 @@ class Observation:
     scrape escaped the names; both when some pods are stored one way and some the other."""
     peak_running: float | None = None
     """Largest running batch of one pod over the window (``max_over_time``)."""
+    e2e_buckets: tuple[tuple[float, float], ...] = ()
+    """The window's end-to-end latency histogram (upper bound, cumulative count): how sure
+    `e2e_p95_s` is (`confident_quantile`)."""
+    tpot_buckets: tuple[tuple[float, float], ...] = ()
+    """The same for time per output token."""
     requests_counted: bool = True
     """False when Prometheus held fewer than two samples of the request counter in the window
     (its scrapes resumed after a gap, or the pods' series began inside it): ``requests`` is
@@ -504,6 +509,21 @@ def _quantile(by_le: Mapping[str, float] | None) -> float | None:
     return _finite(promql.histogram_quantile(LATENCY_QUANTILE, buckets))
 
 
+def confident_quantile(
+    buckets: Sequence[tuple[float, float]], q: float, samples: float, z: float, overdispersion: float
+) -> float | None:
+    """The latency the ``q`` quantile is at least, at ``z`` standard errors: the histogram's
+    quantile at the rank ``q - z * sqrt(q (1 - q) overdispersion / samples)`` (the normal
+    approximation of a quantile's rank among ``samples`` observations, inflated because
+    requests come in bursts). A window's P95 of a few hundred requests wanders by several
+    percent; a breach smaller than that is noise, not a reason to restart. None without a
+    histogram."""
+    if not buckets or samples <= 0:
+        return None
+    rank = q - z * math.sqrt(q * (1.0 - q) * overdispersion / samples)
+    return _finite(promql.histogram_quantile(max(0.0, rank), buckets))
+
+
 def _mean(total: float | None, count: float | None) -> float | None:
     if total is None or count is None or count <= 0:
         return None
@@ -593,6 +613,8 @@ def build_observations(
             prompt_tps=per_second("prompt_tokens"),
             peak_running=get("peak_running", key),
             requests_counted=e2e_count is not None,
+            e2e_buckets=tuple(_buckets(e2e_buckets.get(key))) if requests > 0 else (),
+            tpot_buckets=tuple(_buckets(tpot_buckets.get(key))) if requests > 0 else (),
             metric_spellings=tuple(
                 prefix for prefix in SPELLINGS if any(spelling_of(n) == prefix for n in pods_seen)
             ),

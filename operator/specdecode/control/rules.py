@@ -527,6 +527,20 @@ def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
     return short.alpha if short.alpha - est.alpha > ctx.tuning.confidence_z * sigma else None
 
 
+def _slo_breach(what: str, p95: float | None, at_least: float | None, slo: float | None) -> str:
+    """The guard window's P95 above the SLO, confidently: the P95 the window's few hundred
+    requests allow at the confidence box's width is above it too (`Estimate.e2e_p95_low_s`;
+    the P95 itself without a histogram). A breach within the P95's own sampling noise is no
+    reason for a restart (a day of noisy traffic at a steady load tripped it once). Empty:
+    no breach."""
+    if slo is None or p95 is None or not p95 > slo:
+        return ""
+    if at_least is not None and not at_least > slo:
+        return ""
+    confident = f" (at least {fmt_s(at_least)} within the window's sampling noise)" if at_least is not None else ""
+    return f"P95 {what} {fmt_s(p95)} > SLO {fmt_s(slo)}{confident}"
+
+
 def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool) -> Decision | None:
     """SLO guard, acceptance collapse, fast fallback and probe abandonment (short window).
     ``below_floor``: the window's acceptance is confidently below the floor
@@ -544,11 +558,12 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
     if not lower:
         return None
 
-    breaches = []
-    if s.slo_e2e_s is not None and est.e2e_p95_s is not None and est.e2e_p95_s > s.slo_e2e_s:
-        breaches.append(f"P95 e2e {fmt_s(est.e2e_p95_s)} > SLO {fmt_s(s.slo_e2e_s)}")
-    if s.slo_tpot_s is not None and est.tpot_p95_s is not None and est.tpot_p95_s > s.slo_tpot_s:
-        breaches.append(f"P95 TPOT {fmt_s(est.tpot_p95_s)} > SLO {fmt_s(s.slo_tpot_s)}")
+    breaches = [
+        breach for breach in (
+            _slo_breach("e2e", est.e2e_p95_s, est.e2e_p95_low_s, s.slo_e2e_s),
+            _slo_breach("TPOT", est.tpot_p95_s, est.tpot_p95_low_s, s.slo_tpot_s),
+        ) if breach
+    ]
     collapse = below_floor and _collapse_confirmed(ctx)
     live = ctx.state.live_since or 0.0
     long_ready = ctx.now >= live + s.warmup_s + s.window_s
