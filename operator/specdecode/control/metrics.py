@@ -502,8 +502,7 @@ def _buckets(by_le: Mapping[str, float] | None) -> list[tuple[float, float]]:
     return out
 
 
-def _quantile(by_le: Mapping[str, float] | None) -> float | None:
-    buckets = _buckets(by_le)
+def _quantile(buckets: Sequence[tuple[float, float]]) -> float | None:
     if not buckets:
         return None
     return _finite(promql.histogram_quantile(LATENCY_QUANTILE, buckets))
@@ -586,6 +585,9 @@ def build_observations(
         requests = max(e2e_count or 0.0, 0.0)
         pods_seen = pods_by_name.get(key, {})
         itl_count = get("itl_count", key)
+        # Parsed once: the P95s and the confidence in them (`confident_quantile`) read them.
+        e2e_histogram = tuple(_buckets(e2e_buckets.get(key))) if requests > 0 else ()
+        tpot_histogram = tuple(_buckets(tpot_buckets.get(key))) if requests > 0 else ()
 
         def per_second(name: str) -> float | None:
             value = get(name, key)
@@ -599,9 +601,9 @@ def build_observations(
             pods=int(sum(pods_seen.values())),
             speculation=speculation,
             requests=requests,
-            e2e_p95_s=_quantile(e2e_buckets.get(key)) if requests > 0 else None,
+            e2e_p95_s=_quantile(e2e_histogram),
             e2e_mean_s=_mean(get("e2e_sum", key), e2e_count),
-            tpot_p95_s=_quantile(tpot_buckets.get(key)) if requests > 0 else None,
+            tpot_p95_s=_quantile(tpot_histogram),
             tpot_mean_s=_mean(get("tpot_sum", key), get("tpot_count", key)),
             step_time_mean_s=_mean(get("itl_sum", key), itl_count),
             steps=max(itl_count or 0.0, 0.0),
@@ -613,8 +615,8 @@ def build_observations(
             prompt_tps=per_second("prompt_tokens"),
             peak_running=get("peak_running", key),
             requests_counted=e2e_count is not None,
-            e2e_buckets=tuple(_buckets(e2e_buckets.get(key))) if requests > 0 else (),
-            tpot_buckets=tuple(_buckets(tpot_buckets.get(key))) if requests > 0 else (),
+            e2e_buckets=e2e_histogram,
+            tpot_buckets=tpot_histogram,
             metric_spellings=tuple(
                 prefix for prefix in SPELLINGS if any(spelling_of(n) == prefix for n in pods_seen)
             ),
