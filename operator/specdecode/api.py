@@ -858,8 +858,11 @@ class ExperimentsSpec(ApiModel):
     )
     control: bool = Field(
         True,
-        description="Periodically test speculation off on a canary against a config that has run "
-        "unchanged for controlInterval: the measured answer to whether speculation still pays.",
+        description="Test speculation off on a canary: periodically against a config that has run "
+        "unchanged for controlInterval (the measured answer to whether speculation still pays), and once, "
+        "for one window, when the running config's step time is 15% or more above the performance model's "
+        "prior (a Calibrate experiment: is the draft or the target what costs more than expected?). Each "
+        "borrows a replica (or uses maxExtraReplicas) while it runs. false: neither.",
     )
     control_interval: PositiveDuration = Duration(
         "168h",
@@ -1325,9 +1328,11 @@ class FailedConfig(StatusModel):
 class ExperimentRecord(StatusModel):
     """One canary experiment: the candidate against the running config on the same traffic."""
 
-    purpose: Literal["Reprobe", "Change", "Control"] = Field(
+    purpose: Literal["Reprobe", "Change", "Control", "Calibrate"] = Field(
         description="Reprobe (speculation off: does it pay now?), Change (a new K or schedule before "
-        "it reaches every replica) or Control (speculation off against a long-running config)."
+        "it reaches every replica), Control (speculation off against a long-running config) or Calibrate "
+        "(speculation off for one window beside a config whose step time is well above the model's prior: "
+        "is the draft or the target the costlier part?)."
     )
     candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
     candidate_enabled: bool = Field(False, description="Whether the canary runs speculation.")
@@ -1338,9 +1343,12 @@ class ExperimentRecord(StatusModel):
     incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
     started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)
     ended_at: Optional[str] = Field(None, description="When it ended (RFC 3339); absent while it runs.", max_length=64)
-    verdict: Literal["Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"] = Field(
+    verdict: Literal[
+        "Running", "Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled", "Measured",
+    ] = Field(
         "Running", description="How it ended: Promote rolls the candidate out; every Abort keeps the running "
-        "config; Cancelled ended it from outside (the spec changed, autotune left Auto, the canary failed)."
+        "config; Cancelled ended it from outside (the spec changed, autotune left Auto, the canary failed); "
+        "Measured: a Calibrate experiment measured both step times and keeps the running config."
     )
     reason: Redacted(512) = Field("", description="Why, with numbers.", max_length=512)
     effect: Optional[float] = Field(
@@ -1349,6 +1357,15 @@ class ExperimentRecord(StatusModel):
     effect_low: Optional[float] = Field(None, description="Lower end of the always-valid confidence interval of effect.")
     effect_high: Optional[float] = Field(None, description="Upper end of the always-valid confidence interval of effect.")
     windows: int = Field(0, description="Evaluation windows measured.", ge=0)
+    candidate_step_scale: Optional[float] = Field(
+        None, description="The canary's measured step time over the performance model's prior at its batch, "
+        "in the last window that measured both arms. With incumbentStepScale, from the same window and "
+        "traffic, it calibrates what speculation costs on this hardware against the config without it. "
+        "Absent until a window measured both.", ge=0.0,
+    )
+    incumbent_step_scale: Optional[float] = Field(
+        None, description="The same for the running config's replicas in that window.", ge=0.0,
+    )
     requests: Optional[float] = Field(None, description="Requests the canary served during the experiment.")
     incumbent_requests: Optional[float] = Field(
         None, description="Requests the running config's replicas served in the same windows."

@@ -104,6 +104,7 @@ EVENT_EXPERIMENT_STARTED = "ExperimentStarted"
 EVENT_EXPERIMENT_PROMOTED = "ExperimentPromoted"
 EVENT_EXPERIMENT_ABORTED = "ExperimentAborted"
 EVENT_EXPERIMENT_CANCELLED = "ExperimentCancelled"
+EVENT_EXPERIMENT_MEASURED = "ExperimentMeasured"
 
 # Status history is bounded so the object stays small (etcd objects are capped at 1.5 MiB).
 MAX_DECISION_HISTORY = 20

@@ -4,6 +4,7 @@ replica. Pure: every evaluation gets its time and its metrics passed in."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Optional
@@ -19,7 +20,7 @@ from specdecode.control.settings import PolicySettings
 from specdecode.control.step import step
 from specdecode.render.workload import SpeculationChoice, config_hash
 
-from .test_policy import NOW, both, observe
+from .test_policy import NOW, TRUTH, both, observe
 
 LOW = Workload(4, 1000, 300, 0, 0.8)
 COLLAPSED = Workload(6, 1000, 300, 0, 0.2)
@@ -70,10 +71,13 @@ def canary_arm(incumbent: PolicyObservations, factor: float, minute: int):
 
 
 def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, minutes: int, factor: float,
-          workload: Workload = LOW, restart: bool = False, start: float = NOW):
+          workload: Workload = LOW, restart: bool = False, start: float = NOW, step_factor: float = 1.0,
+          canary_of=None):
     """One evaluation a minute through `evaluation.evaluate`, the reconcile's part simulated (a
     change rendered at once, live after a rollout). ``restart``: an operator restarted before
-    every evaluation, reading back only what the apiserver stored (the status's wire form)."""
+    every evaluation, reading back only what the apiserver stored (the status's wire form).
+    ``step_factor``: the running config's step time over the true model's; ``canary_of``: the
+    canary's window from the running record (default: the incumbent's, ``factor`` slower)."""
     settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
     results, live_at = [], None
     for minute in range(minutes):
@@ -82,8 +86,11 @@ def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, 
             effective = status.speculation.model_copy(update={"live": True, "live_since": timestamps.rfc3339(live_at)})
             status, live_at = status.model_copy(update={"speculation": effective}), None
         config = cs.from_status(status, spec, _dt(now)).config
-        observed = both(workload, config)
-        canary = canary_arm(observed, factor, minute) if running_record(status) else None
+        observed = both(workload, config, step_factor=step_factor)
+        record = running_record(status)
+        canary = None
+        if record is not None:
+            canary = canary_of(record) if canary_of is not None else canary_arm(observed, factor, minute)
         result = evaluation.evaluate(status, spec, settings, observed, None, _dt(now), canary=canary)
         status = result.status
         if result.rerender:
@@ -334,6 +341,85 @@ def test_no_control_experiment_when_the_spec_turns_it_off():
     no_control = make_spec(autotune={"experiments": {"control": False}})
     _, status = drive(no_control, live_status(no_control, 3, since=NOW - 8 * 86400), 3, factor=1.2)
     assert status.experiments == []
+    # Nor the early Calibrate one: it runs speculation off on the canary too.
+    _, status = drive(no_control, live_status(no_control, 3), 3, factor=1.0, step_factor=1.3)
+    assert status.experiments == []
+
+
+# --- the calibration experiment ------------------------------------------------------------------
+
+COSTLY = 1.3  # the running config's step time over the prior's: a draft far costlier than expected
+
+
+def off_canary(record: api.ExperimentRecord):
+    """A canary replica running speculation off at the prior's cost, on its share (1 of 3
+    replicas) of the service's traffic."""
+    assert not record.candidate_enabled
+    return observe(LOW, OFF, 300, params=replace(TRUTH, replicas=1), rate_factor=1 / 2)
+
+
+def test_a_step_time_well_above_the_prior_is_calibrated_by_one_window_of_speculation_off():
+    """A draft costlier than the prior says and a target slower than it says look the same on
+    the running config alone; one window of speculation off on a canary tells them apart,
+    and the model then prices speculation off at what it measured, with no restart."""
+    results, status = drive(SPEC, live_status(SPEC, 3), 40, factor=1.0, step_factor=COSTLY, canary_of=off_canary)
+    started = [(now, rec) for now, r in results for rec in r.experiments_started]
+    ended = [(now, rec) for now, r in results for rec in r.experiments_ended]
+    assert [(rec.purpose, rec.candidate) for _, rec in started] == [("Calibrate", "off")]
+    assert re.search(r"K=3 runs at 1\.3\dx the step time of the model's prior", results[0][1].decision.reason)
+    (ended_at, record), = ended
+    assert record.verdict == "Measured" and ended_at - started[0][0] <= ROLLOUT_S + 120 + 300 + MINUTE
+    assert abs(record.candidate_step_scale - 1.0) < 0.05 and abs(record.incumbent_step_scale - COSTLY) < 0.05
+    assert "the draft costs more than the prior says" in record.reason
+    assert C.EVENT_EXPERIMENT_MEASURED in event_reasons(results)
+    assert not any(r.rerender for _, r in results) and status.speculation.k == 3
+    experimenting = condition(status, C.COND_EXPERIMENTING)
+    assert experimenting.status == "False" and "ended Measured" in experimenting.message
+    # The model now prices speculation off at the prior's cost, not the running config's.
+    before = {p.k: p for p in results[0][1].decision.predictions}[OFF].tpot_mean_s
+    after = {p.k: p for p in results[-1][1].decision.predictions}[OFF].tpot_mean_s
+    assert after < before / 1.2
+
+
+def test_a_step_time_near_or_below_the_prior_starts_no_calibration():
+    for step_factor in (1.05, 0.7):  # within noise; faster hardware (off scaled alike is its worst case)
+        results, status = drive(SPEC, live_status(SPEC, 3), 15, factor=1.0, step_factor=step_factor,
+                                canary_of=off_canary)
+        assert status.experiments == [], step_factor
+
+
+def test_no_calibration_at_a_load_the_replicas_left_serving_could_not_carry():
+    # 22 req/s: a plain hold on three replicas, but above 80 % of what the two left while the
+    # canary borrows one carry (4 to 20 req/s start it).
+    busy = replace(LOW, request_rate=22.0)
+    results, status = drive(SPEC, live_status(SPEC, 3), 5, factor=1.0, workload=busy, step_factor=COSTLY)
+    assert status.experiments == []
+    assert {r.decision.rule for _, r in results} == {Rule.HOLD}
+
+
+def test_a_calibration_is_measured_once_and_kept_across_operator_restarts():
+    start = live_status(SPEC, 3)
+    steady, steady_status = drive(SPEC, start, 70, factor=1.0, step_factor=COSTLY, canary_of=off_canary)
+    restarted, restarted_status = drive(SPEC, start, 70, factor=1.0, step_factor=COSTLY, canary_of=off_canary,
+                                        restart=True)
+    assert _decisions(restarted) == _decisions(steady)
+    assert restarted_status.to_wire() == steady_status.to_wire()
+    assert [r.purpose for r in steady_status.experiments] == ["Calibrate"]
+
+
+def test_the_newest_side_by_side_measurement_calibrates_speculation_off():
+    from specdecode.control.memory import off_per_on
+
+    def measured(purpose, candidate_k, candidate, incumbent, at):
+        return replace(Experiment(purpose, "x", "c", "i", started_at=at - 600, candidate_k=candidate_k),
+                       last_window_at=at, ended_at=at, candidate_step_scale=candidate, incumbent_step_scale=incumbent)
+
+    control = measured(Purpose.CONTROL, None, 1.0, 1.25, NOW - 7200)
+    reprobe = measured(Purpose.REPROBE, 3, 1.2, 1.0, NOW - 3600)  # a draft beside speculation off
+    change = measured(Purpose.CHANGE, 2, 1.1, 1.3, NOW)  # both run the draft: nothing of off
+    assert off_per_on((control,)) == 0.8
+    assert abs(off_per_on((control, reprobe, change)) - 1 / 1.2) < 1e-9
+    assert off_per_on((change,)) is None and off_per_on(()) is None
 
 
 # --- restarts ------------------------------------------------------------------------------------
@@ -409,7 +495,9 @@ def test_a_promoted_reprobe_is_measured_not_on_trial():
 def _records():
     from hypothesis import strategies as st
 
-    verdicts = st.sampled_from(["Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled"])
+    verdicts = st.sampled_from(["Promote", "AbortWorse", "AbortNoGain", "AbortSLO", "AbortTimeout", "Cancelled",
+                                "Measured"])
+    scales = st.one_of(st.none(), st.floats(0.2, 5.0).map(lambda x: round(x, 4)))
     times = st.integers(1_700_000_000, 1_900_000_000)
 
     @st.composite
@@ -419,7 +507,8 @@ def _records():
         started = draw(times)
         effect = draw(st.one_of(st.none(), st.floats(-0.5, 0.5).map(lambda e: round(e, 4))))
         return api.ExperimentRecord(
-            purpose=draw(st.sampled_from(["Reprobe", "Change", "Control"])),
+            purpose=draw(st.sampled_from(["Reprobe", "Change", "Control", "Calibrate"])),
+            candidate_step_scale=draw(scales), incumbent_step_scale=draw(scales),
             candidate=f"draft_model K={k}" if k else "off", candidate_enabled=k is not None, candidate_k=k,
             candidate_hash=draw(st.sampled_from(["c1", "c2"])), incumbent_hash="i",
             started_at=timestamps.rfc3339(started),

@@ -17,7 +17,11 @@ rules have decided, `run`
   and is remembered, so the same candidate is not tried again before a back-off
   (reprobeInterval, doubled for each further loss in a row, at most 8x);
 - starts one in place of a tuning move or a re-probe, or a periodic Control experiment
-  (speculation off on the canary) for a config that has run unchanged for controlInterval.
+  (speculation off on the canary) for a config that has run unchanged for controlInterval,
+  or one early Calibrate experiment (speculation off for one window, verdict Measured) when
+  the running config's step time is well above the prior's: any window in which the canary
+  and the running config differ in speculation measures both step times (`step_scales`),
+  and the rules price the other kind of config by their ratio (`memory.off_per_on`).
 
 Recommend mode starts none and says in its advice what Auto mode would test; Off mode runs
 none. Everything it knows comes from the state (status.experiments), so an operator
@@ -33,12 +37,14 @@ from typing import Optional
 from specdecode import constants
 from specdecode.api import AutotuneMode
 from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, Rule
-from specdecode.control.estimates import PolicyObservations
+from specdecode.control.estimates import PolicyObservations, estimate, step_scale
 from specdecode.control.experiments import (
     Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor, cancel_reason,
 )
 from specdecode.control.explain import fmt_s, label
+from specdecode.control.memory import off_per_on, stored
 from specdecode.control.metrics import Observation
+from specdecode.control.perfmodel import OFF
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState
 
@@ -70,7 +76,7 @@ def run(
         state = replace(state, experiments=state.experiments[:-1] + (running.cancel(why, at),))
         if decision.changes and decision.rule not in CANARIED_RULES:
             return decision, state  # the safety move applies now
-    return _start_if_due(settings, policy, state, decision, at)
+    return _start_if_due(settings, policy, state, decision, observed, at)
 
 
 def serving_settings(settings: PolicySettings, state: ControlState) -> PolicySettings:
@@ -143,6 +149,13 @@ def _measure(
             f"canary experiment ({running.purpose.value}) runs {running.candidate} against {current}: "
             f"{progress} ({running.evidence.paired} paired windows so far)")), state
     measured = running.observe(canary, observed.window, at, policy.test)
+    scales = step_scales(settings, policy, state, measured, canary, observed.window)
+    if scales is not None:
+        measured = replace(measured, candidate_step_scale=scales[0], incumbent_step_scale=scales[1])
+    if running.purpose is Purpose.CALIBRATE and scales is not None and not measured.outcome.verdict.final:
+        # Its question is answered; a verdict on speed would take windows it does not need.
+        measured = replace(measured, ended_at=at, outcome=replace(
+            measured.outcome, verdict=Verdict.MEASURED, reason=_measured_reason(measured, current)))
     state = replace(state, experiments=state.experiments[:-1] + (measured,))
     outcome = measured.outcome
     assert outcome is not None
@@ -167,6 +180,32 @@ def _measure(
         f"({evidence}); keeping {current}")), state
 
 
+def step_scales(
+    settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, experiment: Experiment,
+    canary: Optional[Observation], incumbent: Optional[Observation],
+) -> Optional[tuple[float, float]]:
+    """(canary, running config): each arm's measured step time over the prior's at its own
+    batch, its replicas and its config, within the calibration's bounds and rounded as status
+    keeps them; None unless the window measured both. Their ratio is the one measurement the
+    running config alone cannot give: what the other kind of config (speculation off on a
+    Control canary, on on a Reprobe's) costs here, on the same traffic at the same time."""
+    prior = settings.prior_params()
+    arms = (
+        (canary, policy.plan.replicas, experiment.candidate_k or OFF),
+        (incumbent, policy.plan.main_replicas(policy.spec), state.config),
+    )
+    lo, hi = settings.tuning.scale_bounds
+    scales = []
+    for observation, replicas, config in arms:
+        if observation is None or observation.idle:
+            return None
+        measured = step_scale(replace(prior, replicas=max(1, replicas)), config, estimate(observation, settings.tuning))
+        if measured is None:
+            return None
+        scales.append(stored(min(hi, max(lo, measured))))
+    return scales[0], scales[1]
+
+
 def _experiment_hold(decision: Decision, state: ControlState, reason: str, wanted: Optional[Rule] = None) -> Decision:
     """The rules' decision turned into a hold for an experiment (its conditions kept). A hold
     for missing metrics keeps its own reason: it says what is wrong."""
@@ -180,7 +219,8 @@ def _experiment_hold(decision: Decision, state: ControlState, reason: str, wante
 
 
 def _start_if_due(
-    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision, at: float,
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision,
+    observed: PolicyObservations, at: float,
 ) -> tuple[Decision, ControlState]:
     wanted = decision.rule if decision.changes else decision.wanted
     if wanted in CANARIED_RULES:
@@ -206,15 +246,17 @@ def _start_if_due(
         if state.config_hash is None:
             return decision, state  # the running config's pods cannot be told apart yet
         return _start(settings, policy, state, decision, purpose, candidate_k, at)
-    if _control_due(settings, policy, state, decision, at):
-        assert policy is not None
-        return _start(settings, policy, state, decision, Purpose.CONTROL, None, at)
+    for purpose, why in ((Purpose.CONTROL, _control_due(settings, policy, state, decision, at)),
+                         (Purpose.CALIBRATE, _calibration_due(settings, policy, state, decision, observed, at))):
+        if why is not None:
+            assert policy is not None
+            return _start(settings, policy, state, decision, purpose, None, at, why)
     return decision, state
 
 
 def _start(
     settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, decision: Decision,
-    purpose: Purpose, candidate_k: Optional[int], at: float,
+    purpose: Purpose, candidate_k: Optional[int], at: float, why: Optional[str] = None,
 ) -> tuple[Decision, ControlState]:
     candidate_hash = policy.config_hash(candidate_k)
     candidate = policy.describe(candidate_k)
@@ -236,8 +278,7 @@ def _start(
             f"{fmt_s(retry_at - at)}; keeping {label(state.config)}"), wanted), state
     experiment = Experiment(purpose=purpose, candidate=candidate, candidate_hash=candidate_hash,
                             incumbent_hash=state.config_hash or "", started_at=at, candidate_k=candidate_k)
-    why = decision.reason if decision.changes else (
-        f"{label(state.config)} has run unchanged for {fmt_s(at - state.since)}: does speculation still pay?")
+    why = decision.reason if decision.changes else why
     reason = (f"canary experiment ({purpose.value}) started: {candidate} on {policy.plan.replicas} canary "
               f"replica(s) against {label(state.config)}, before any change to every replica; {why}")
     experiments = (state.experiments + (experiment,))[-constants.MAX_EXPERIMENTS:]
@@ -268,25 +309,105 @@ def _lost_lately(
     return (last, losses, retry_at) if at < retry_at else None
 
 
-def _control_due(
-    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision, at: float,
+def _settled_on_speculation(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision,
 ) -> bool:
-    """A Control experiment is due: speculation on and unchanged for controlInterval, the
-    policy settled on it (a plain hold), and no control experiment answered within that
-    interval (a cancelled one is tried again after reprobeInterval)."""
+    """Whether speculation off may run on a canary now: experiments can run with Control ones
+    allowed, Auto mode with speculation on and allowed off, the policy settled on the running
+    config (a plain hold) and its pods told apart by their config hash."""
     if policy is None or policy.blocker is not None or policy.plan.control_interval_s is None:
         return False
     if settings.mode is not AutotuneMode.AUTO or not state.enabled or not settings.allow_disable:
         return False
-    if decision.changes or decision.rule is not Rule.HOLD or state.config_hash is None:
-        return False
+    return not decision.changes and decision.rule is Rule.HOLD and state.config_hash is not None
+
+
+def _control_due(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision, at: float,
+) -> Optional[str]:
+    """Why a Control experiment (speculation off on the canary) is due now; None when it is not:
+    speculation on and unchanged for controlInterval, the policy settled on it, and no control
+    experiment answered within that interval (a cancelled one is tried again after
+    reprobeInterval)."""
+    if not _settled_on_speculation(settings, policy, state, decision):
+        return None
+    assert policy is not None and policy.plan.control_interval_s is not None
     interval = policy.plan.control_interval_s
     if at - state.since < interval:
-        return False
+        return None
     for experiment in state.experiments:
         if experiment.purpose is not Purpose.CONTROL or experiment.ended_at is None:
             continue
         cancelled = experiment.outcome is not None and experiment.outcome.verdict is Verdict.CANCELLED
         if at - experiment.ended_at < (settings.reprobe_interval_s if cancelled else interval):
-            return False
-    return True
+            return None
+    return f"{label(state.config)} has run unchanged for {fmt_s(at - state.since)}: does speculation still pay?"
+
+
+def _calibration_due(
+    settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision,
+    observed: PolicyObservations, at: float,
+) -> Optional[str]:
+    """Why a Calibrate experiment (speculation off on the canary for one window) is due now;
+    None when it is not.
+
+    The running config's step time is well above the prior's (`PolicyTuning.split_scale_gap`)
+    and no experiment has measured speculation off beside speculation on (`memory.off_per_on`;
+    one that ended without measuring is tried again after reprobeInterval). The model scales
+    the config without the draft alike, and one config cannot tell a costly draft from a slow
+    target: the answer decides where speculation stops paying. Asked only when it costs little:
+    the replicas left serving carry the load while the canary starts, and speculation off could
+    keep the latency SLOs at this load at least under the reading most in its favour."""
+    if not _settled_on_speculation(settings, policy, state, decision):
+        return None
+    assert policy is not None
+    # Only a step costlier than the prior's leaves the answer open: the model then makes
+    # speculation off as much slower as the running config, the ranking most in speculation's
+    # favour, and a costly draft would look like a slow target. A faster step scaled onto
+    # speculation off too is the ranking least in its favour: if speculation pays under it,
+    # it pays under the other reading as well.
+    scale = decision.step_scale
+    if scale is None or scale < 1.0 + settings.tuning.split_scale_gap:
+        return None
+    if off_per_on(state.experiments) is not None:
+        return None
+    if any(x.purpose is Purpose.CALIBRATE and x.ended_at is not None and at - x.ended_at < settings.reprobe_interval_s
+           for x in state.experiments):
+        return None
+    predicted = {p.k: p for p in decision.predictions}
+    current, off = predicted.get(state.config), predicted.get(OFF)
+    window = observed.window if observed.available else None
+    if current is None or off is None or window is None or window.idle:
+        return None
+    rates = [window.request_rate]
+    if observed.guard is not None and not observed.guard.idle:
+        rates.append(observed.guard.request_rate)
+    left = current.capacity_rps * policy.plan.main_replicas(policy.spec) / max(1, settings.replicas)
+    if max(rates) >= settings.tuning.restart_max_rollout_load * left:
+        return None
+    # A canary that would break an SLO whatever the answer is not started for a measurement:
+    # it would end AbortSLO, often before its window measured anything. At low load latency
+    # is about proportional to the step time, so at the prior's cost (the reading most in its
+    # favour) speculation off's P95 would be the model's over the scale.
+    for predicted_p95, slo in ((off.e2e_p95_s, settings.slo_e2e_s), (off.tpot_p95_s, settings.slo_tpot_s)):
+        if slo is not None and predicted_p95 / scale > slo:
+            return None
+    return (f"{label(state.config)} runs at {scale:.2f}x the step time of the model's prior, and the running "
+            "config alone cannot tell whether the draft or the target costs more than the prior says (the "
+            "answer decides the load where speculation stops paying): measuring speculation off beside it for "
+            "one window")
+
+
+def _measured_reason(running: Experiment, incumbent: str) -> str:
+    """What a Calibrate experiment found, for its record and its Event."""
+    ratio = off_per_on((running,))
+    assert ratio is not None and running.candidate_step_scale is not None and running.incumbent_step_scale is not None
+    if ratio < 0.95:
+        reading = "the draft costs more than the prior says"
+    elif ratio > 1.05:
+        reading = "the draft costs less than the prior says"
+    else:
+        reading = "the target and the draft are both as much off the prior"
+    return (f"speculation off ran at {running.candidate_step_scale:.2f}x the prior's step time beside {incumbent} at "
+            f"{running.incumbent_step_scale:.2f}x on the same traffic: {reading}; the model scales speculation off "
+            f"by {ratio:.2f} of the running config's scale from now on")

@@ -190,6 +190,8 @@ def experiment_events(
             events.append(("Normal", C.EVENT_EXPERIMENT_PROMOTED, f"{r.purpose}: {r.candidate} promoted: {r.reason}"))
         elif r.verdict == "Cancelled":
             events.append(("Normal", C.EVENT_EXPERIMENT_CANCELLED, f"{r.purpose}: {r.candidate} cancelled: {r.reason}"))
+        elif r.verdict == "Measured":
+            events.append(("Normal", C.EVENT_EXPERIMENT_MEASURED, f"{r.purpose}: {r.candidate} measured: {r.reason}"))
         else:
             events.append(("Normal", C.EVENT_EXPERIMENT_ABORTED,
                            f"{r.purpose}: {r.candidate} aborted ({r.verdict}): {r.reason}"))

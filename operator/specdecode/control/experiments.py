@@ -50,6 +50,9 @@ class Verdict(StrEnum):
     ABORT_TIMEOUT = "AbortTimeout"
     CANCELLED = "Cancelled"
     """Ended from outside the test (never a verdict of `judge`)."""
+    MEASURED = "Measured"
+    """A Calibrate experiment measured what it ran for, both arms' step times in one window
+    (never a verdict of `judge`); nothing changes and nothing is lost."""
 
     @property
     def final(self) -> bool:
@@ -294,6 +297,9 @@ class Purpose(StrEnum):
     """A new K or schedule the model predicts, before it reaches every replica."""
     CONTROL = "Control"
     """Speculation off against a config that has run for long: does it still pay?"""
+    CALIBRATE = "Calibrate"
+    """Speculation off beside a running config whose step time is well above the prior's, for
+    one window: only a config without the draft tells a costly draft from a slow target."""
 
 
 @dataclass(frozen=True)
@@ -456,6 +462,12 @@ class Experiment:
     """K on the canary; None: the canary runs speculation off."""
     last_window_at: Optional[float] = None
     """End of the last window measured (the next one starts there: windows never overlap)."""
+    candidate_step_scale: Optional[float] = None
+    """The canary's measured step time over the prior's at its batch, in the last window that
+    measured both arms (`canary.step_scales`)."""
+    incumbent_step_scale: Optional[float] = None
+    """The running config's in the same window: the pair's ratio is what one kind of config
+    (speculation off, or on) costs against the other on the same traffic (`memory.remember`)."""
 
     @property
     def candidate_enabled(self) -> bool:
@@ -518,6 +530,8 @@ class Experiment:
             log_ratio_sum=self.evidence.log_ratio_sum,
             log_ratio_sum_squares=self.evidence.log_ratio_sum_squares,
             last_window_at=timestamps.rfc3339(self.last_window_at) if self.last_window_at is not None else None,
+            candidate_step_scale=self.candidate_step_scale,
+            incumbent_step_scale=self.incumbent_step_scale,
         )
 
     @classmethod
@@ -548,6 +562,8 @@ class Experiment:
             ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
             candidate_k=record.candidate_k if record.candidate_enabled else None,
             last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),
+            candidate_step_scale=record.candidate_step_scale,
+            incumbent_step_scale=record.incumbent_step_scale,
         )
 
 

@@ -8,12 +8,14 @@ from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
 
 from specdecode import timestamps
 from specdecode.control.decision import Action
+from specdecode.control.experiments import Purpose
 from specdecode.control.settings import PolicyTuning
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF
 
 if TYPE_CHECKING:
     from specdecode.control.decision import Decision
+    from specdecode.control.experiments import Experiment
     from specdecode.control.state import ControlState
 
 
@@ -136,6 +138,9 @@ class Memory:
     best_alpha: float | None
     scale_off: float | None
     scale_on: float | None
+    off_per_on: float | None = None
+    """Speculation off's step scale over speculation on's, measured side by side on the same
+    traffic by the newest canary experiment that ran one against the other (`off_per_on`)."""
 
 
 def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float) -> Memory:
@@ -164,6 +169,7 @@ def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float)
         None,
     )
     return Memory(
+        off_per_on=off_per_on(state.experiments),
         last_change_at=last_change,
         changes_last_hour=recent,
         in_probe=in_probe,
@@ -172,6 +178,24 @@ def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float)
         scale_off=scale_off,
         scale_on=scale_on,
     )
+
+
+def off_per_on(experiments: Iterable["Experiment"]) -> float | None:
+    """Speculation off's step scale over speculation on's from the newest experiment whose
+    canary ran one and the running config the other (a Control: off beside a draft; a
+    Reprobe: a draft beside off), both measured in one window on the same traffic. A scale
+    is measured at a load and does not carry to another (a slower GPU is slower still per
+    token at large batches), but the ratio of two measured at one load does: it says whether
+    the draft or the target costs what the prior did not expect."""
+    for x in sorted(experiments, key=lambda x: x.last_window_at or 0.0, reverse=True):
+        if x.candidate_step_scale is None or not x.incumbent_step_scale:
+            continue
+        incumbent_off = x.purpose is Purpose.REPROBE  # the one purpose run while speculation is off
+        if (x.candidate_k is None) == incumbent_off:
+            continue  # both on (a Change of K): nothing of speculation off
+        ratio = x.candidate_step_scale / x.incumbent_step_scale
+        return ratio if x.candidate_k is None else 1.0 / ratio
+    return None
 
 
 def history_entry(decision: "Decision", now: float, state: "ControlState") -> HistoryEntry | None:

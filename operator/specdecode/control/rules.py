@@ -478,12 +478,22 @@ def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]
     measured = step_scale(prior, ctx.current, est)
     scale_now = None if measured is None else min(hi, max(lo, measured))
     base = scale_now if scale_now is not None else 1.0
+    # The other kind of config (speculation off while it is on, and back): the ratio a canary
+    # measured beside this one carries to today's load; a scale measured at another load
+    # (the config a change left) serves without one; else the same scale for both.
+    ratio = ctx.memory.off_per_on
     if ctx.state.enabled:
         on_scale = base
-        off_scale = ctx.memory.scale_off if ctx.memory.scale_off is not None else base
+        if ratio is not None and scale_now is not None:
+            off_scale = scale_now * ratio
+        else:
+            off_scale = ctx.memory.scale_off if ctx.memory.scale_off is not None else base
     else:
         off_scale = base
-        on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
+        if ratio is not None and scale_now is not None:
+            on_scale = scale_now / ratio
+        else:
+            on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
     decay = est.decay
     kv = kv_scale(prior, ctx.current, est, ctx.tuning)
     calibration = Calibration(

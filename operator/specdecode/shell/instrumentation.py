@@ -36,8 +36,8 @@ DECISIONS = Counter(
 )
 EXPERIMENTS = Counter(
     "specdecode_experiments_total",
-    "Canary experiments that ended, by service, purpose (Reprobe, Change, Control) and outcome (Promote, "
-    "AbortWorse, AbortNoGain, AbortSLO, AbortTimeout, Cancelled); counted once the status saying so is written.",
+    "Canary experiments that ended, by service, purpose (Reprobe, Change, Control, Calibrate) and outcome (Promote, "
+    "AbortWorse, AbortNoGain, AbortSLO, AbortTimeout, Cancelled, Measured); counted once the status saying so is written.",
     [*SERVICE_LABELS, "purpose", "outcome"],
 )
 SPECULATIVE_TOKENS = Gauge(

@@ -234,8 +234,8 @@ EXPERIMENTS_LEGEND = (
     "borrowed replica serves nothing while the canary starts and again when it comes back) and in the cost. "
     "failed-probe cost: replica-minutes that probes not kept took from the incumbent: served at the probe's "
     "config while the truth says it was slower end to end than the config it was tested against, plus "
-    "replicas without capacity because of it (start-ups there and back); (failed/probes): their count. A probe is an experiment, or "
-    "without one a re-probe or tune change; not kept: no promotion, or the change undone within the "
+    "replicas without capacity because of it (start-ups there and back); (failed/probes): their count. A probe is an experiment (a Calibrate's "
+    "measurement too: never promoted, it counts as not kept), or without one a re-probe or tune change; not kept: no promotion, or the change undone within the "
     "rollout plus 30 minutes. collapse: the true acceptance falls below the floor in the scenario. "
     "held back: a scenario written with issue #15 and never used to tune the policy."
 )

@@ -431,8 +431,9 @@ every replica at once, and such a change is the probe."""
 class ProbeCost:
     """What probes that were not kept cost, in replica-seconds.
 
-    A probe is a canary experiment, or (without one) a change by a re-probe or a tune move
-    (`PROBE_MOVES`). It was not kept when the experiment ended without a promotion, or when
+    A probe is a canary experiment (a Calibrate's one-window measurement too: it is never
+    promoted, so its whole cost counts here), or (without one) a change by a re-probe or a
+    tune move (`PROBE_MOVES`). It was not kept when the experiment ended without a promotion, or when
     the change was undone (the next change returned to the config it left) within the
     rollout plus the experiments' maximum duration. Its cost:
     - ``served_worse_s``: replica-seconds served at the probe's config while the truth says
