@@ -467,7 +467,7 @@ class Experiment:
     measured both arms (`canary.step_scales`)."""
     incumbent_step_scale: Optional[float] = None
     """The running config's in the same window: the pair's ratio is what one kind of config
-    (speculation off, or on) costs against the other on the same traffic (`memory.remember`)."""
+    (speculation off, or on) costs against the other on the same traffic (`memory.off_per_on`)."""
 
     @property
     def candidate_enabled(self) -> bool:

@@ -56,8 +56,8 @@ class PolicyTuning:
     scale_bounds: tuple[float, float] = (0.2, 5.0)
     """Clamp of the measured/prior step-time scale (outside: the prior is badly off)."""
     split_scale_gap: float = 0.15
-    """A step time this much above the prior's (relative) with speculation on starts
-    a Control experiment early, when nothing measured speculation off yet: one config cannot
+    """A step time this much above the prior's (relative) with speculation on starts a
+    Calibrate experiment, when nothing measured speculation off beside it yet: one config cannot
     tell whether the draft or the target costs more than the prior says, and the answer
     decides where speculation stops paying (a 3B draft for an 8B target ran 1.24x the prior;
     the model, scaling the target alike, never ranked off first where off won)."""
