@@ -770,6 +770,44 @@ def test_a_hedge_is_not_undone_while_the_load_is_near_the_zone():
     assert lower.action is Action.ENABLE and lower.rule == "reprobe"
 
 
+@pytest.mark.parametrize(
+    "rate, max_surge, expected_k",
+    [
+        (8.0, 0, 6),    # the replica left carries K=6 even at the floor's acceptance
+        (10.0, 0, 4),   # K=6 would shut the way out; K=4 still leaves it open
+        (12.0, 0, 3),   # no longer draft leaves it open: hold
+        (12.0, 1, 6),   # maxSurge 1 keeps capacity during a rollout: nothing shuts
+    ],
+)
+def test_a_longer_draft_must_leave_the_floor_a_way_out(rate, max_surge, expected_k):
+    """n-gram on two replicas at acceptance 0.7: the model prefers K=6 (1.2x). A longer draft
+    carries less the lower acceptance falls; should it fall to the floor (0.35: traffic that
+    turns to open chat), the floor waits while a rollout would overload the replica left
+    serving, and the service keeps the longest draft exactly when it loses most. The move
+    goes no further than a draft whose rollout to off the replica left carries then."""
+    settings = auto(max_surge=max_surge, method="ngram", slo_e2e_s=6.0)
+    decision = rules.decide(settings, on(3), both(Workload(rate, 1800, 250, 0, 0.7), 3, params=NGRAM), (), NOW)
+    assert decision.k == expected_k and decision.enabled
+    if expected_k == 3:
+        assert decision.action is Action.HOLD
+        assert "no faster config is safe to enter: K=6" in decision.reason
+        assert "should acceptance fall to 0.35, a rollout to off would load the replicas left serving" in decision.reason
+    else:
+        assert decision.action is Action.SET_K and decision.rule == "tune"
+    if expected_k == 4:
+        assert "not K=6 (1.19x): it would shut the acceptance floor's way out" in decision.reason
+
+
+def test_the_way_out_is_judged_at_the_users_floor():
+    """The same move at 10 req/s with the floor at 0.2 (the user accepts lower acceptance
+    before turning speculation off): at 0.2 K=4 carries less than at 0.35, so even K=4 would
+    shut the way out and K=3 holds."""
+    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0, acceptance_floor=0.2)
+    decision = rules.decide(settings, on(3), both(Workload(10.0, 1800, 250, 0, 0.7), 3, params=NGRAM), (), NOW)
+    assert decision.action is Action.HOLD and decision.k == 3
+    assert "should acceptance fall to 0.20" in decision.reason
+
+
 def test_reprobe_waits_while_a_failed_probe_would_overload_the_rollout():
     high = both(Workload(17, 1000, 300, 0, 0.8), OFF)
     decision = rules.decide(auto(max_surge=0), off(since=NOW - 4000), high, DISABLED, NOW)
@@ -830,9 +868,11 @@ def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():
     hysteresis: `shortest_near_best`); had acceptance been 0.12 within the last hour, K=8
     would lose far more there than it gains now: K=3 is kept, with the reason. The recent
     low judges the model's preferred move, not the shorter draft (which the model says
-    would survive the swing: on bursty traffic a canary and a fallback cost more)."""
+    would survive the swing: on bursty traffic a canary and a fallback cost more).
+    maxSurge 1: with 0, at this load K=6 would also shut the floor's way out
+    (`test_a_longer_draft_must_leave_the_floor_a_way_out`)."""
     busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
-    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
+    settings = auto(max_surge=1, method="ngram", slo_e2e_s=6.0)
     steady = rules.decide(settings, on(3), busy, (), NOW)
     assert steady.action is Action.SET_K and steady.k == 6
     wary = rules.decide(settings, replace(on(3), recent_low_alpha=0.12), busy, (), NOW)
@@ -845,9 +885,10 @@ def test_a_recent_collapse_keeps_tuning_from_chasing_a_burst():
 def test_a_longer_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
     """n-gram at 12 req/s and alpha 0.75: K=8 is predicted best, K=6 and K=7 within the 5 %
     hysteresis. The move takes K=6, the smallest bet on acceptance staying high (at 0.14, as
-    in a chat phase, K=8 is 13 % slower than K=6), and says so."""
+    in a chat phase, K=8 is 13 % slower than K=6), and says so. (maxSurge 1: with 0 the
+    floor's way out rules K=6 out at this load, `test_a_longer_draft_must_leave_the_floor_a_way_out`.)"""
     busy = both(Workload(12, 1500, 250, 0, 0.75), 3, params=NGRAM)
-    settings = auto(max_surge=0, method="ngram", slo_e2e_s=6.0)
+    settings = auto(max_surge=1, method="ngram", slo_e2e_s=6.0)
     decision = rules.decide(settings, on(3), busy, (), NOW)
     scores = {p.k: p.score for p in decision.predictions}
     assert max(scores, key=scores.get) == 8 and scores[6] * 1.05 >= scores[8]

@@ -73,7 +73,11 @@ Order of the rules (the first that applies decides):
    recent low (status.observations.recentLowAlpha, when ``reversion_min_drop`` below today's:
    the move must not lose on average over the two futures, so n-gram bursts do not lure K
    up for as long as they last), repays the restart within ``payback_horizon_s``, and the
-   cooldown and change budget allow it.
+   cooldown and change budget allow it. With maxSurge 0 a longer draft must also leave the
+   acceptance floor its way out: should acceptance fall to the floor, the replicas left
+   serving during a rollout to off must carry today's load at ``restart_max_rollout_load``
+   (else the floor waits, rule 6, and the service keeps its longest draft exactly while it
+   loses most); the longest draft that does is the choice.
 
 Prediction (the performance model calibrated to the observations):
 
@@ -817,6 +821,31 @@ def _locked_in(
     )
 
 
+def _exit_closed(
+    ctx: _Context, calibration: Calibration, est: Estimate, k: int, rate: float
+) -> str | None:
+    """Why a move to the longer draft ``k`` would shut the acceptance floor's way out, or
+    None. With maxSurge 0 the floor waits while a rollout would overload the replicas left
+    serving (rule 6); a longer draft carries less the lower acceptance falls, so at today's
+    load, should acceptance fall to the floor, the service would have to hold ``k`` for as
+    long as the low acceptance and the load last: the longest drafts lose the most exactly
+    then (n-gram traffic that turns to open chat). The move must leave the floor a rollout
+    the replicas left serving carry at ``restart_max_rollout_load``, with acceptance at the
+    floor."""
+    current, s = ctx.current, ctx.settings
+    if k <= current or k == OFF:
+        return None
+    exit_config = min(ctx.allowed())
+    capacity = rollout_capacity_of(calibration, est, (k, exit_config), s, alpha=s.acceptance_floor)
+    if capacity is None or rate < ctx.tuning.restart_max_rollout_load * capacity:
+        return None
+    return (
+        f"it would shut the acceptance floor's way out (should acceptance fall to "
+        f"{s.acceptance_floor:.2f}, a rollout to {label(exit_config)} would load the replicas left "
+        f"serving to {rate / capacity:.0%} of the {capacity:.1f} req/s they carry)"
+    )
+
+
 def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     calibration, scale = ctx.calibrated(est)
     s, t = ctx.settings, ctx.tuning
@@ -859,29 +888,38 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     if hedge is not None:
         reason = f"capacity hedge: {describe_hedge(hedge, low)}"
         return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
-    # The best config that does not walk into the hedge zone (checked lazily, best first).
+    # The best config that does not walk into the hedge zone nor shut the floor's way out
+    # (checked lazily, best first).
     ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
+
+    def trapped(k: int) -> str | None:
+        hedge_back = _locked_in(ctx, calibration, est, preds, k, high)
+        if hedge_back is not None:
+            return (
+                f"it would be locked in (a restart needs the load below "
+                f"{hedge_back.rollout_capacity_rps:.1f} req/s, and at its capacity "
+                f"{label(hedge_back.target)} would be {fmt_pct(hedge_back.benefit)} faster)"
+            )
+        return _exit_closed(ctx, calibration, est, k, high)
+
     wanted, locked = ranked[0], None
     best = wanted
     for k in ranked:
-        hedge_back = _locked_in(ctx, calibration, est, preds, k, high)
-        if hedge_back is None:
+        if trapped(k) is None:
             best = k
             break
-        if locked is None:
-            locked = hedge_back
-    longest, shorter = best, shortest_near_best({k: p.score for k, p in preds.items()}, best, current, t.min_gain)
-    if shorter != best and _locked_in(ctx, calibration, est, preds, shorter, high) is None:
+    scores = {k: p.score for k, p in preds.items()}
+    longest, shorter = best, shortest_near_best(scores, best, current, t.min_gain)
+    if shorter != best and trapped(shorter) is None:
         best = shorter
+    # What the model alone would have chosen, and why it is not the choice.
+    untrapped = shortest_near_best(scores, wanted, current, t.min_gain)
+    if untrapped != best:
+        why = trapped(untrapped)
+        locked = None if why is None else f"{label(untrapped)} ({fmt_x(preds[untrapped].speedup)}): {why}"
     best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
-        h = locked
-        return hold(
-            f"{label(wanted)} predicted {fmt_x(preds[wanted].speedup)}, but at "
-            f"{high:.2f} req/s it would be locked in (a restart needs the load below "
-            f"{h.rollout_capacity_rps:.1f} req/s, and at its capacity {label(h.target)} "
-            f"would be {fmt_pct(h.benefit)} faster); keeping {label(current)} {context}"
-        )
+        return hold(f"at {high:.2f} req/s no faster config is safe to enter: {locked}; keeping {label(current)} {context}")
     if best == current or preds[best].score < cur.score * (1 + t.min_gain):
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
@@ -905,6 +943,8 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"loses more than it gains now; keeping {label(current)} {context}"
         )
     reason = f"predicted {summary(preds, (best, current))} {context}"
+    if locked is not None:
+        reason += f"; not {locked}"
     if best != longest:
         reason += (f"; {label(longest)} ({fmt_x(preds[longest].speedup)}) is within {t.min_gain:.0%} of "
                    f"{label(best)}, and the shorter draft loses less if acceptance falls")
