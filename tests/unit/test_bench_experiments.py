@@ -217,17 +217,28 @@ def test_bench_policy_with_experiments_prints_the_experiment_table_with_sane_cou
     assert len(names) == 2 and "restarts" in names[0] and "failed-probe cost" in names[1]
 
 
-def test_the_suite_holds_back_three_scenarios_written_for_experiments():
-    """Held back (never used to tune the policy): a collapse on a stale memory, n-gram phases,
-    and a draft that stops paying for the Control experiment to find (its control interval
-    set as a user would, under autotune)."""
+def test_the_suite_holds_back_scenarios_written_for_experiments_and_later():
+    """Held back (never used to tune the policy when written): a collapse on a stale memory,
+    n-gram phases, a draft that stops paying for the Control experiment to find (its control
+    interval set as a user would, under autotune), and an EAGLE head whose traffic shifts."""
     from specdecode.tools.scenario import benchmark_suite, load_scenario
 
     held = {s.name: s for s in map(load_scenario, benchmark_suite()) if s.held_back}
-    assert set(held) >= {"heldback-stale-memory-collapse", "heldback-ngram-phases", "heldback-draft-stopped-paying"}
+    assert set(held) >= {"heldback-stale-memory-collapse", "heldback-ngram-phases", "heldback-draft-stopped-paying",
+                         "heldback-eagle-topic-shift"}
     spec = run.service_spec(held["heldback-draft-stopped-paying"])
     assert spec.autotune.experiments.control_interval == "2h" and spec.autotune.experiments.enabled
     assert run.service_spec(held["heldback-ngram-phases"], experiments=False).autotune.experiments.enabled is False
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"])
+def test_every_method_a_scenario_may_name_runs_as_a_service_a_user_could_apply(method):
+    """The bench declares the scenario's service as a user would; methods that load a draft
+    (a draft model or an EAGLE head) name one, or the API refuses the spec (an EAGLE scenario
+    failed so until session 15)."""
+    spec = run.service_spec(parse_scenario({**STEADY, "method": method}))
+    assert spec.speculation.method.value == method
+    assert (spec.speculation.draft_model is not None) == (method in ("draft_model", "eagle", "eagle3"))
 
 
 def test_a_scenario_autotune_override_is_checked_against_the_api_with_the_field_named():

@@ -95,7 +95,7 @@ def service_spec(
         "method": scenario.method, "numSpeculativeTokens": declared_config(params),
         "minK": params.min_k, "maxK": params.max_k, "allowDisable": True,
     }
-    if scenario.method == "draft_model":
+    if api.SpeculationMethod(scenario.method) in api.METHODS_WITH_DRAFT_MODEL:
         speculation["draftModel"] = "bench/draft"
     slo = {key: promql.format_duration(value) for key, value in
            (("p95EndToEnd", scenario.slo.p95_e2e_s), ("p95TimePerOutputToken", scenario.slo.p95_tpot_s))
