@@ -284,6 +284,25 @@ class SpeculationMethod(str, Enum):
 
 
 METHODS_WITH_DRAFT_MODEL = (SpeculationMethod.DRAFT_MODEL, SpeculationMethod.EAGLE, SpeculationMethod.EAGLE3)
+
+DEFAULT_ACCEPTANCE_FLOOR: dict[SpeculationMethod, float] = {
+    # For a method with a draft: where K=1 stops paying for the performance model's prior at
+    # a batch of 8 (its step at K=1 over its step with speculation off, minus one), to the
+    # nearest 0.05; a unit test keeps the table and the priors in step. One floor for every
+    # method turned a cheap EAGLE head off at acceptance 0.30, where off was the slowest
+    # choice (heldback-eagle-topic-shift 0.789; 0.954 with its method's floor).
+    SpeculationMethod.DRAFT_MODEL: 0.35,
+    SpeculationMethod.EAGLE: 0.15,
+    SpeculationMethod.EAGLE3: 0.15,
+    SpeculationMethod.MTP: 0.15,
+    # Prompt lookup breaks even near 0.10 by the same measure, but its acceptance comes in
+    # bursts (high on repetitive text, near zero on open chat), and the floor is what keeps a
+    # burst's low from luring schedules into a config then held (bursty-ngram with
+    # autotune.schedules Auto: 0.985 at 0.35, 0.628 at 0.10). Kept until schedules judge
+    # bursts themselves.
+    SpeculationMethod.NGRAM: 0.35,
+    SpeculationMethod.SUFFIX: 0.35,
+}
 METHODS_WITHOUT_DRAFT_MODEL = (SpeculationMethod.NGRAM, SpeculationMethod.MTP, SpeculationMethod.SUFFIX)
 
 
@@ -901,10 +920,15 @@ class Autotune(ApiModel):
     min_requests: int = Field(
         20, description="Finished requests a window needs before latency is trusted.", ge=1, le=10_000_000
     )
-    acceptance_floor: float = Field(
-        0.35,
+    acceptance_floor: Optional[float] = Field(
+        None,
         description="Per-token acceptance (alpha) below which speculation is turned off (or K set to "
-        "minK when allowDisable is false). Field reports put the break-even near 0.3 to 0.4.",
+        "minK when allowDisable is false). Default by method: 0.35 for draft_model (where K=1 "
+        "stops paying for the operator's prior at a batch of 8; field reports put a draft model's "
+        "break-even near 0.3 to 0.4), 0.15 for eagle, eagle3 and mtp (the same measure: a head "
+        "drafts for about a tenth of a target step), 0.35 for ngram and suffix (their acceptance "
+        "comes in bursts). Set it higher to turn speculation off sooner; lower, to keep a cheap "
+        "draft on at lower acceptance.",
         ge=0.0,
         le=1.0,
     )
@@ -1084,6 +1108,12 @@ class SpecDecodeServiceSpec(ApiModel):
             return False
         names = [self.model.name] + ([self.speculation.draft_model] if self.speculation.draft_model else [])
         return any(not name.startswith("/") for name in names)
+
+    @property
+    def acceptance_floor(self) -> float:
+        """autotune.acceptanceFloor, or its method's default (`DEFAULT_ACCEPTANCE_FLOOR`)."""
+        declared = self.autotune.acceptance_floor
+        return DEFAULT_ACCEPTANCE_FLOOR[self.speculation.method] if declared is None else declared
 
 
 # ---------------------------------------------------------------------------------------------

@@ -531,6 +531,43 @@ def test_settings_from_spec():
     assert settings.configs() == (0, 2, 3, 4, 5, 6)
 
 
+@pytest.mark.parametrize("method, draft, expected", [
+    ("draft_model", "meta-llama/Llama-3.2-1B-Instruct", 0.35),
+    ("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", 0.15),
+    ("mtp", None, 0.15),
+    ("ngram", None, 0.35),
+])
+def test_the_acceptance_floor_defaults_by_method_and_a_declared_one_wins(method, draft, expected):
+    """A cheap head keeps paying at acceptances where a draft model does not: the floor the
+    rules, the canary's abort and the alert's gauge use is the method's unless declared."""
+    from specdecode import api
+    from specdecode.control import experiments
+
+    speculation = {"method": method, **({"draftModel": draft} if draft else {})}
+    spec = api.parse_spec({"model": {"name": "m"}, "speculation": speculation})
+    assert spec.autotune.acceptance_floor is None  # nothing is written into the user's spec
+    assert spec.acceptance_floor == expected
+    assert PolicySettings.from_spec(spec).acceptance_floor == expected
+    assert experiments.settings_from_spec(spec).acceptance_floor == expected
+    declared = api.parse_spec({"model": {"name": "m"}, "speculation": speculation,
+                               "autotune": {"acceptanceFloor": 0.4}})
+    assert PolicySettings.from_spec(declared).acceptance_floor == 0.4
+    assert experiments.settings_from_spec(declared).acceptance_floor == 0.4
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "mtp"])
+def test_each_default_floor_is_where_k1_stops_paying_for_the_methods_prior(method):
+    """The table is derived, not chosen, for every method with a draft: the prior's step at
+    K=1 over its step with speculation off, at a batch of 8 and 1,000 tokens of context,
+    minus one (the acceptance at which one drafted token pays for itself), to the nearest
+    0.05. (n-gram and suffix keep 0.35: their acceptance comes in bursts; see the table.)"""
+    from specdecode import api
+
+    prior = perfmodel.EngineParams.for_method(method)
+    break_even = perfmodel.step_time(prior, 1, 8, 1000) / perfmodel.step_time(prior, OFF, 8, 1000) - 1
+    assert api.DEFAULT_ACCEPTANCE_FLOOR[api.SpeculationMethod(method)] == pytest.approx(round(break_even * 20) / 20)
+
+
 # --- no flapping in a stationary noisy steady state ------------------------------------------
 
 STEADY = [

@@ -425,7 +425,7 @@ def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = Can
         max_duration_s=plan.max_duration_s,
         tpot_p95_slo_s=api.parse_duration(slo.p95_time_per_output_token) if slo.p95_time_per_output_token else None,
         e2e_p95_slo_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
-        acceptance_floor=spec.autotune.acceptance_floor,
+        acceptance_floor=spec.acceptance_floor,
         min_drafts=float(spec.autotune.min_drafts),
     )
 

@@ -202,7 +202,7 @@ class PolicySettings:
             warmup_s=api.parse_duration(auto.warmup),
             min_drafts=auto.min_drafts,
             min_requests=auto.min_requests,
-            acceptance_floor=auto.acceptance_floor,
+            acceptance_floor=spec.acceptance_floor,
             slo_e2e_s=api.parse_duration(slo.p95_end_to_end) if slo.p95_end_to_end else None,
             slo_tpot_s=(
                 api.parse_duration(slo.p95_time_per_output_token)

@@ -213,7 +213,7 @@ class Evaluator:
             instrumentation.ACCEPTANCE_RATE.labels(namespace, name).set(rate)
         # alpha is what the floor is defined on: the acceptance-floor alert compares the two.
         instrumentation.record_acceptance(
-            namespace, name, speculation.alpha if speculation else None, spec.autotune.acceptance_floor
+            namespace, name, speculation.alpha if speculation else None, spec.acceptance_floor
         )
 
     # ------------------------------------------------------------------------------ reading

@@ -59,7 +59,7 @@ ACCEPTANCE_ALPHA = Gauge(
     SERVICE_LABELS,
 )
 ACCEPTANCE_FLOOR = Gauge(
-    "specdecode_acceptance_floor", "spec.autotune.acceptanceFloor of the service (alpha below it turns speculation off).",
+    "specdecode_acceptance_floor", "The service's acceptance floor: spec.autotune.acceptanceFloor, or its method's default (alpha below it turns speculation off).",
     SERVICE_LABELS,
 )
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from specdecode.tools.scenario import Scenario, parse_duration
-from specdecode import timestamps
+from specdecode import api, timestamps
 
 # Autotune settings that make the control loop visible within minutes instead of hours: a
 # short window and warm-up, a cooldown and re-probe that fit a compressed scenario, and a
@@ -43,8 +43,6 @@ FAST_AUTOTUNE: dict[str, Any] = {
     "experiments": {"enabled": False},
 }
 FAST_ROLLOUT: dict[str, Any] = {"maxSurge": 1, "maxUnavailable": 0}
-DEFAULT_ACCEPTANCE_FLOOR = 0.35
-"""api.Autotune.acceptance_floor's default: below it the scenario's acceptance is a collapse."""
 
 # The sample each method is shown with (manifests/samples/); others fall back to the first.
 SAMPLE_FOR_METHOD = {
@@ -89,8 +87,14 @@ def demo_service(sample: Mapping[str, Any], *, namespace: str, prometheus_url: s
 
 
 def acceptance_floor(service: Mapping[str, Any]) -> float:
-    floor = ((service.get("spec") or {}).get("autotune") or {}).get("acceptanceFloor")
-    return DEFAULT_ACCEPTANCE_FLOOR if floor is None else float(floor)
+    """The service's acceptance floor (its method's default unless declared): below it the
+    scenario's acceptance is a collapse."""
+    spec = service.get("spec") or {}
+    floor = (spec.get("autotune") or {}).get("acceptanceFloor")
+    if floor is not None:
+        return float(floor)
+    method = (spec.get("speculation") or {}).get("method") or api.SpeculationMethod.DRAFT_MODEL.value
+    return api.DEFAULT_ACCEPTANCE_FLOOR[api.SpeculationMethod(method)]
 
 
 def latency_slo(service: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -114,12 +118,19 @@ class ScenarioEvent:
     """A few words for the picture (`collapse (a=0.2)`)."""
 
 
-def scenario_events(scenario: Scenario, floor: float = DEFAULT_ACCEPTANCE_FLOOR) -> list[ScenarioEvent]:
+def method_floor(scenario: Scenario) -> float:
+    """The acceptance floor a service of the scenario's method gets by default."""
+    return api.DEFAULT_ACCEPTANCE_FLOOR[api.SpeculationMethod(scenario.method)]
+
+
+def scenario_events(scenario: Scenario, floor: Optional[float] = None) -> list[ScenarioEvent]:
     """What happens when, in words: the first phase, then every change of acceptance or load.
 
     A drop of acceptance below `floor` is a collapse, the first rise back above it a recovery;
-    a rise of the request rate by half or more is a surge, a fall by a third or more calm.
+    a rise of the request rate by half or more is a surge, a fall by a third or more calm
+    (`floor` defaults to the method's default floor).
     """
+    floor = method_floor(scenario) if floor is None else floor
     events: list[ScenarioEvent] = []
     previous = None
     collapsed = False
@@ -629,11 +640,12 @@ def _truth(scenario: Scenario, attribute: str, end: float) -> tuple[list[float],
 
 
 def plot_timeline(timelines: Sequence[Timeline], scenario: Scenario, events: Sequence[ScenarioEvent],
-                  path: Path | str, *, end: float, title: str, floor: float = DEFAULT_ACCEPTANCE_FLOOR,
+                  path: Path | str, *, end: float, title: str, floor: Optional[float] = None,
                   slo_e2e_s: Optional[float] = None, slo_tpot_s: Optional[float] = None,
                   dpi: int = 80) -> Path:
     """K over time with the decisions, acceptance (observed and true), load and P95 latency,
     one column per service, the scenario's events as vertical lines; a PNG at `path`."""
+    floor = method_floor(scenario) if floor is None else floor
     import matplotlib
 
     matplotlib.use("Agg")
