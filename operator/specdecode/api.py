@@ -284,6 +284,7 @@ class SpeculationMethod(str, Enum):
 
 
 METHODS_WITH_DRAFT_MODEL = (SpeculationMethod.DRAFT_MODEL, SpeculationMethod.EAGLE, SpeculationMethod.EAGLE3)
+METHODS_WITHOUT_DRAFT_MODEL = (SpeculationMethod.NGRAM, SpeculationMethod.MTP, SpeculationMethod.SUFFIX)
 
 DEFAULT_ACCEPTANCE_FLOOR: dict[SpeculationMethod, float] = {
     # For a method with a draft: where K=1 stops paying for the performance model's prior at
@@ -303,7 +304,6 @@ DEFAULT_ACCEPTANCE_FLOOR: dict[SpeculationMethod, float] = {
     SpeculationMethod.NGRAM: 0.35,
     SpeculationMethod.SUFFIX: 0.35,
 }
-METHODS_WITHOUT_DRAFT_MODEL = (SpeculationMethod.NGRAM, SpeculationMethod.MTP, SpeculationMethod.SUFFIX)
 
 
 class NgramWindow(ApiModel):

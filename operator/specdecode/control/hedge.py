@@ -79,6 +79,23 @@ def rollout_capacity_of(
     return min(_capacity(calibration.params_for(k), workload, k, serving) for k in configs)
 
 
+def overloading_rollout(
+    calibration: Calibration,
+    est: Estimate,
+    configs: Iterable[int],
+    settings: PolicySettings,
+    rate: float,
+    alpha: float | None = None,
+) -> float | None:
+    """The rollout capacity (`rollout_capacity_of`) when ``rate`` reaches
+    ``restart_max_rollout_load`` of it: a restart now would overload the replicas left
+    serving. None when it would not (or with maxSurge >= 1 or a single replica)."""
+    capacity = rollout_capacity_of(calibration, est, configs, settings, alpha)
+    if capacity is None or rate < settings.tuning.restart_max_rollout_load * capacity:
+        return None
+    return capacity
+
+
 @memo.memoized(maxsize=8192)
 def _capacity(params: EngineParams, workload: Workload, k: int, replicas: int) -> float:
     """Capacity (requests/s) of ``replicas`` replicas at config k, memoized."""

@@ -128,7 +128,7 @@ from specdecode.control.estimates import (
 from specdecode.control.explain import (
     describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, summary,
 )
-from specdecode.control.hedge import HedgeOutlook, best_hedge, rollout_capacity_of
+from specdecode.control.hedge import HedgeOutlook, best_hedge, overloading_rollout
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, bounded
@@ -748,8 +748,8 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
     probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
     _, high = _window_rates(ctx, est)
-    rollout_capacity = rollout_capacity_of(calibration, est, (OFF, probe_k), s, alpha)
-    if rollout_capacity is not None and high >= t.restart_max_rollout_load * rollout_capacity:
+    rollout_capacity = overloading_rollout(calibration, est, (OFF, probe_k), s, high, alpha)
+    if rollout_capacity is not None:
         return _make(
             ctx, Action.HOLD, None, Rule.HOLD,
             f"re-probe due, but at {high:.2f} req/s a probe's restarts (two if it fails) "
@@ -836,8 +836,8 @@ def _exit_closed(
     if k <= current or k == OFF:
         return None
     exit_config = min(ctx.allowed())
-    capacity = rollout_capacity_of(calibration, est, (k, exit_config), s, alpha=s.acceptance_floor)
-    if capacity is None or rate < ctx.tuning.restart_max_rollout_load * capacity:
+    capacity = overloading_rollout(calibration, est, (k, exit_config), s, rate, alpha=s.acceptance_floor)
+    if capacity is None:
         return None
     return (
         f"it would shut the acceptance floor's way out (should acceptance fall to "
@@ -1002,8 +1002,8 @@ def _change(
     if rule in FLOOR_RULES and est is not None:
         calibration, _ = ctx.calibrated(est)
         _, high = _window_rates(ctx, est)
-        capacity = rollout_capacity_of(calibration, est, (current, target), s)
-        if capacity is not None and high >= t.restart_max_rollout_load * capacity:
+        capacity = overloading_rollout(calibration, est, (current, target), s, high)
+        if capacity is not None:
             outlook = switch_outlook(
                 calibration, est, current, target, s, horizon_s=t.guard_payback_horizon_s
             )
