@@ -85,13 +85,6 @@ def test_every_sample_becomes_a_valid_fast_demo_service(sample):
     assert autotune.get("slo") == original["spec"].get("autotune", {}).get("slo")
 
 
-def test_the_acceptance_floor_is_the_samples_or_its_methods_default():
-    assert demo.acceptance_floor({"spec": {}}) == 0.35
-    assert demo.acceptance_floor({"spec": {"speculation": {"method": "eagle3"}}}) == 0.15
-    assert demo.acceptance_floor({"spec": {"speculation": {"method": "eagle3"},
-                                           "autotune": {"acceptanceFloor": 0.3}}}) == 0.3
-
-
 def test_each_method_has_a_shipped_sample():
     names = {p.name for p in SAMPLES}
     assert set(demo.SAMPLE_FOR_METHOD.values()) <= names and demo.DEFAULT_SAMPLE in names

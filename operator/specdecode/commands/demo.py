@@ -23,6 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from .. import api
 from ..cli import UserError, command
 
 
@@ -304,7 +305,7 @@ def run_demo(args: argparse.Namespace) -> int:
         applied = manifests
         steps.close()
 
-        floor = min(view.acceptance_floor(m) for m in manifests)
+        floor = min(api.parse_service(m).spec.acceptance_floor for m in manifests)
         events = view.scenario_events(played, floor)
         timelines: dict = {}
         reader = _ServiceReader(stack.kubeconfig, args.namespace)

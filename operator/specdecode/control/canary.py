@@ -379,11 +379,10 @@ def _calibration_due(
     window = observed.window if observed.available else None
     if current is None or off is None or window is None or window.idle:
         return None
-    rates = [window.request_rate]
-    if observed.guard is not None and not observed.guard.idle:
-        rates.append(observed.guard.request_rate)
+    recent = observed.guard_request_rate(settings)
+    rate = window.request_rate if recent is None else max(window.request_rate, recent)
     left = current.capacity_rps * policy.plan.main_replicas(policy.spec) / max(1, settings.replicas)
-    if max(rates) >= settings.tuning.restart_max_rollout_load * left:
+    if rate >= settings.tuning.restart_max_rollout_load * left:
         return None
     # A canary that would break an SLO whatever the answer is not started for a measurement:
     # it would end AbortSLO, often before its window measured anything. At low load latency

@@ -32,6 +32,16 @@ class PolicyObservations:
     """Finished requests per second of the whole service (every config, so a restart does not
     reset it) over the trend window (`PolicySettings.trend_window_s`); None when unread."""
 
+    def guard_request_rate(self, settings: PolicySettings) -> float | None:
+        """The short window's request rate when it saw enough requests to count (its share of
+        `min_requests`, at least 3); None otherwise. It tells a load that just moved from the
+        long window's average."""
+        guard = self.guard
+        if guard is None or guard.idle:
+            return None
+        fraction = settings.guard_window_s / settings.window_s
+        return guard.request_rate if guard.requests >= max(3.0, settings.min_requests * fraction) else None
+
     @classmethod
     def unavailable(cls, message: str, reason: str = constants.REASON_METRICS_MISSING) -> "PolicyObservations":
         return cls(False, None, None, reason, message)

@@ -785,11 +785,9 @@ def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
     The short window counts when it has enough requests."""
     lower_bound = est.request_rate * max(0.0, 1.0 - ctx.tuning.confidence_z * est.rate_rel_stderr)
     low, high = lower_bound, est.request_rate
-    guard = ctx.observed.guard
-    if guard is not None and not guard.idle:
-        fraction = ctx.settings.guard_window_s / ctx.settings.window_s
-        if guard.requests >= max(3.0, ctx.settings.min_requests * fraction):
-            low, high = min(low, guard.request_rate), max(high, guard.request_rate)
+    recent = ctx.observed.guard_request_rate(ctx.settings)
+    if recent is not None:
+        low, high = min(low, recent), max(high, recent)
     return low, high
 
 

@@ -86,17 +86,6 @@ def demo_service(sample: Mapping[str, Any], *, namespace: str, prometheus_url: s
     return service
 
 
-def acceptance_floor(service: Mapping[str, Any]) -> float:
-    """The service's acceptance floor (its method's default unless declared): below it the
-    scenario's acceptance is a collapse."""
-    spec = service.get("spec") or {}
-    floor = (spec.get("autotune") or {}).get("acceptanceFloor")
-    if floor is not None:
-        return float(floor)
-    method = (spec.get("speculation") or {}).get("method") or api.SpeculationMethod.DRAFT_MODEL.value
-    return api.DEFAULT_ACCEPTANCE_FLOOR[api.SpeculationMethod(method)]
-
-
 def latency_slo(service: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
     """(P95 end-to-end, P95 time per output token) objectives of a service, in seconds."""
     slo = (((service.get("spec") or {}).get("autotune") or {}).get("slo")) or {}
