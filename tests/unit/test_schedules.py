@@ -525,6 +525,28 @@ def test_a_surge_that_would_turn_speculation_off_adopts_a_schedule_and_the_calm_
     assert state.schedule == schedule
 
 
+def test_a_schedule_that_drafts_at_every_batch_must_leave_the_acceptance_floor_a_way_out():
+    """n-gram at K=1, acceptance 0.8, 2 replicas, maxSurge 0: the schedule on offer drafts in
+    its top range too (K=8 up to 64, K=4 above), so should acceptance fall to the floor it
+    carries less than K=1, and the rollout to off would have to run on one replica. At 12
+    req/s that replica carries it (71 % of its capacity at the floor) and the schedule is
+    adopted; at 14 req/s it would not (83 %, over the 80 % a restart may load), and the
+    service stays on plain K, saying why, as the tuning rule does for a longer plain K."""
+    prior = EngineParams.for_method("ngram")
+    settings = auto(prior=prior, max_surge=0, method="ngram")
+    adopted = {}
+    for rate in (12, 14):
+        state = ControlState(enabled=True, k=1, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                             batch_low=2.0, batch_high=300.0, observed_at=NOW - 60)
+        decision, after = step(settings, state, both(workload(rate), 1, params=prior), NOW)
+        adopted[rate] = decision.schedule
+        if rate == 14:
+            assert decision.schedule is None and after.schedule is None
+            assert "it would shut the acceptance floor's way out" in after.schedule_note, after.schedule_note
+            assert "a rollout to off would load the replicas left serving to 83%" in after.schedule_note
+    assert adopted[12] is not None and adopted[12].bands[-1][2] > 0, "the schedule drafts in its top range"
+
+
 def test_recommend_mode_advises_the_schedule_auto_mode_would_adopt_and_changes_nothing():
     """The surge of the test above in Recommend mode: the advice is the schedule (its label
     in status.recommendation, a history line once), the service keeps running plain K=3."""

@@ -15,6 +15,17 @@ def label(k: int | None) -> str:
     return "off" if not k else f"K={k}"
 
 
+def shut_way_out(rate: float, capacity: float, floor: float, exit_config: int) -> str:
+    """Why a config would shut the acceptance floor's way out: should acceptance fall to the
+    floor, the rollout to ``exit_config`` would load the replicas left serving past what a
+    restart may (see `rules._exit_closed`)."""
+    return (
+        f"it would shut the acceptance floor's way out (should acceptance fall to {floor:.2f}, a rollout "
+        f"to {label(exit_config)} would load the replicas left serving to {rate / capacity:.0%} of the "
+        f"{capacity:.1f} req/s they carry)"
+    )
+
+
 def fmt_s(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "inf"

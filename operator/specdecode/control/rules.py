@@ -126,7 +126,7 @@ from specdecode.control.estimates import (
     step_scale, switch_outlook,
 )
 from specdecode.control.explain import (
-    describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, summary,
+    describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, shut_way_out, summary,
 )
 from specdecode.control.hedge import HedgeOutlook, best_hedge, overloading_rollout
 from specdecode.control.memory import HistoryEntry, Memory, remember
@@ -837,11 +837,7 @@ def _exit_closed(
     capacity = overloading_rollout(calibration, est, (k, exit_config), s, rate, alpha=s.acceptance_floor)
     if capacity is None:
         return None
-    return (
-        f"it would shut the acceptance floor's way out (should acceptance fall to "
-        f"{s.acceptance_floor:.2f}, a rollout to {label(exit_config)} would load the replicas left "
-        f"serving to {rate / capacity:.0%} of the {capacity:.1f} req/s they carry)"
-    )
+    return shut_way_out(rate, capacity, s.acceptance_floor, exit_config)
 
 
 def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:

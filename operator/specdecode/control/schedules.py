@@ -55,6 +55,8 @@ from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
 from specdecode.control.decision import FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Estimate, estimate, scaled_params, step_scale, workload_of
+from specdecode.control.explain import shut_way_out
+from specdecode.control.hedge import serving_in_rollout
 from specdecode.control.memory import remember
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
@@ -332,9 +334,15 @@ def _maybe_adopt(
         losses = [_e2e_loss(params, est, schedule, reference, *factors, alpha=a) for a in alphas]
         return None if any(x is None for x in losses) else max(losses)
 
+    recent = observed.guard_request_rate(settings)
+    rate = est.request_rate if recent is None else max(est.request_rate, recent)
     notes = []
     for proposal in candidates:
         schedule = proposal.schedule
+        shut = _shuts_way_out(settings, state, params, est, schedule, min(ks), rate)
+        if shut is not None:
+            notes.append(f"{schedule.label}: {shut}")
+            continue
         if instead:
             loss = worst_e2e(schedule, target)
             low_loss = worst_loss(schedule, state.k, [(low, 1.0)])
@@ -372,6 +380,35 @@ def _maybe_adopt(
             replaced_k=state.k, replaced_scale=_clamped_scale(settings, state.k, est),
         )
     return decision, ScheduleUpdate(note=("plain K: " + "; ".join(notes))[:512])
+
+
+def _shuts_way_out(
+    settings: PolicySettings, state: ControlState, params: EngineParams, est: Estimate,
+    schedule: Schedule, exit_config: int, rate: float,
+) -> str | None:
+    """Why adopting ``schedule`` would shut the acceptance floor's way out, or None: the rule
+    the tuning rule keeps for a longer plain K (`rules._exit_closed`). With maxSurge 0 the
+    floor waits while a rollout would overload the replicas left serving. A schedule whose
+    top range is off carries about speculation off's load at any acceptance (the engine stops
+    drafting as the batch grows), so it leaves the way out open; one that drafts in its top
+    range carries, at the floor, about what that range's K does. It may not carry less there
+    than the plain K it replaces, where the rollout out of it at the floor would load the
+    replicas left serving past `restart_max_rollout_load`."""
+    serving = serving_in_rollout(settings, max(1, params.replicas))
+    if settings.max_surge >= 1 or serving < 1 or state.k is None:
+        return None
+    workload = workload_of(est, settings.acceptance_floor)
+
+    def carried(config: perfmodel.Config) -> float:
+        return perfmodel.steady_state(params, workload, config, serving).capacity_rps
+
+    under = carried(schedule)
+    if under >= carried(state.k):
+        return None
+    capacity = min(under, carried(exit_config))
+    if rate < settings.tuning.restart_max_rollout_load * capacity:
+        return None
+    return shut_way_out(rate, capacity, settings.acceptance_floor, exit_config)
 
 
 def _restart_allowed(settings: PolicySettings, state: ControlState, now: float) -> bool:
