@@ -16,10 +16,12 @@ from specdecode.control import evaluation, perfmodel, schedules
 from specdecode.control import state as cs
 from specdecode.control.decision import Action, Rule
 from specdecode.control.estimates import PolicyObservations
+from specdecode.control.experiments import Experiment, Purpose
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import EngineParams, Schedule, Workload
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState
+from specdecode.control.rules import decide
 from specdecode.control.step import step
 from specdecode.render import workload as render_workload
 
@@ -545,6 +547,27 @@ def test_a_schedule_that_drafts_at_every_batch_must_leave_the_acceptance_floor_a
             assert "it would shut the acceptance floor's way out" in after.schedule_note, after.schedule_note
             assert "a rollout to off would load the replicas left serving to 83%" in after.schedule_note
     assert adopted[12] is not None and adopted[12].bands[-1][2] > 0, "the schedule drafts in its top range"
+
+
+def test_a_schedule_waits_for_the_verdict_of_a_running_canary():
+    """A canary is testing K=2 against the running K=3: a schedule that would save more than
+    3 % against K=3 is not adopted meanwhile (its restart would cancel the experiment, and
+    K=3 is what the experiment may replace). Without the experiment it is."""
+    free = replace(TRUTH, draft_weight_tokens=0, draft_kv_ratio=0.0, schedule_overhead_s=0.0, spec_overhead_s=0.0)
+    settings = auto(prior=free)
+    observed = both(workload(2, alpha=0.7), 3, params=free)
+    calm = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                        batch_low=2.0, batch_high=300.0, observed_at=NOW - 60)
+    hold = decide(settings, calm, observed, calm.history, NOW)
+    assert not hold.changes, hold.reason
+    adopted, _ = schedules.consider(settings, calm, observed, hold, NOW)
+    assert adopted.rule is Rule.SCHEDULE and adopted.schedule is not None, adopted.reason
+    testing = replace(calm, experiments=(Experiment(
+        purpose=Purpose.CHANGE, candidate="draft_model K=2", candidate_hash="k2", incumbent_hash="k3",
+        started_at=NOW - 600, candidate_k=2),))
+    decision, update = schedules.consider(settings, testing, observed, hold, NOW)
+    assert decision == hold
+    assert "canary experiment (Change) runs" in update.note
 
 
 def test_recommend_mode_advises_the_schedule_auto_mode_would_adopt_and_changes_nothing():

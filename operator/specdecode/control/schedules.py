@@ -18,7 +18,9 @@ rules (`rules.decide`) have decided:
      mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
      token at the low end of the batch range: the same restart now, and none when the load
      comes back (the plain policy would restart again).
-   Adopting restarts the pods once, under the rules' cooldown and change budget.
+   Adopting restarts the pods once, under the rules' cooldown and change budget. Nothing is
+   adopted while a canary experiment runs: its restart would cancel the experiment, and the
+   plain K to compare against is the one the verdict leaves.
 2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
    hard rule) and the bounds still act, and leave the schedule for plain K. For
@@ -284,6 +286,9 @@ def _maybe_adopt(
     the cooldown or the change budget, which pace restarts that advice does not make."""
     if not state.enabled or state.k is None or not _window_complete(settings, state, now):
         return decision, ScheduleUpdate()
+    if state.experiment is not None:
+        return decision, ScheduleUpdate(note=f"a canary experiment ({state.experiment.purpose.value}) runs: a "
+                                             "schedule is judged against the plain K its verdict leaves")
     instead = decision.changes and (decision.applied or advise) and decision.rule in LOAD_RULES
     if decision.changes and not instead:
         return decision, ScheduleUpdate()
