@@ -835,6 +835,24 @@ def test_a_longer_draft_must_leave_the_floor_a_way_out(rate, max_surge, expected
         assert "not K=6 (1.19x): it would shut the acceptance floor's way out" in decision.reason
 
 
+@pytest.mark.parametrize("short_alpha, moves", [(0.55, True), (0.58, True), (0.80, False)])
+def test_no_k_is_chosen_on_a_window_that_mixes_two_regimes(short_alpha, moves):
+    """K=3 at 4 req/s; the 5-minute window measures acceptance 0.55, where the model prefers
+    K=1. When the 75-second window agrees (0.55), or differs a little (0.58: K=1 still wins),
+    the move is made. When it shows 0.80, acceptance has just changed regime and the long
+    window mixes both: K=1 would be 13 % slower than K=3 at 0.80, so the loop waits for the
+    long window to catch up instead of restarting for a K that fits neither."""
+    observed = PolicyObservations.of(observe(Workload(4, 1000, 300, 0, 0.55), 3, 300),
+                                     observe(Workload(4, 1000, 300, 0, short_alpha), 3, 75))
+    decision = rules.decide(auto(), on(3), observed, (), NOW)
+    if moves:
+        assert decision.action is Action.SET_K and decision.k == 1 and decision.rule == "tune", decision.reason
+    else:
+        assert decision.action is Action.HOLD and decision.k == 3
+        assert ("acceptance is moving (0.80 on the 75.00s window against 0.55 on the 5.0min one) and at 0.80 "
+                "K=1 would be 13% slower than K=3") in decision.reason
+
+
 def test_the_way_out_is_judged_at_the_users_floor():
     """The same move at 10 req/s with the floor at 0.2 (the user accepts lower acceptance
     before turning speculation off): at 0.2 K=4 carries less than at 0.35, so even K=4 would

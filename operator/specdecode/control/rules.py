@@ -526,10 +526,10 @@ def _shifted(ctx: _Context, short: Estimate, long_obs: Observation | None) -> bo
     return False
 
 
-def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
-    """The short window's acceptance when it is confidently above the long window's ``est``
-    (acceptance rising, the long window not caught up), with the short window's own sample
-    minimum; None otherwise."""
+def _alpha_shift(ctx: _Context, est: Estimate) -> float | None:
+    """The short window's acceptance when it differs confidently from the long window's
+    ``est`` (either way: a change of regime the long window has not caught up with), with the
+    short window's own sample minimum; None otherwise."""
     obs = ctx.observed.guard
     s = ctx.settings
     if obs is None or obs.idle or est.alpha is None:
@@ -538,7 +538,19 @@ def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
     if short.alpha is None or short.draft_tokens < max(50.0, s.min_drafts * s.guard_window_s / s.window_s):
         return None
     sigma = math.hypot(short.alpha_stderr or 0.0, est.alpha_stderr or 0.0)
-    return short.alpha if short.alpha - est.alpha > ctx.tuning.confidence_z * sigma else None
+    return short.alpha if abs(short.alpha - est.alpha) > ctx.tuning.confidence_z * sigma else None
+
+
+def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
+    """The short window's acceptance when it is confidently above the long window's ``est``
+    (acceptance rising, the long window not caught up); None otherwise."""
+    shift = _alpha_shift(ctx, est)
+    return shift if shift is not None and est.alpha is not None and shift > est.alpha else None
+
+
+def _regret(preds: Mapping[int, ConfigPrediction], k: int) -> float:
+    """How much slower ``k`` is predicted than the fastest config (0: it is the fastest)."""
+    return max(p.score for p in preds.values()) / preds[k].score - 1.0
 
 
 def _slo_breach(what: str, p95: float | None, at_least: float | None, slo: float | None) -> str:
@@ -919,6 +931,20 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
         return hold(
             f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}{unneeded}"
+        )
+    # A long window that mixes two regimes of acceptance (the short one moved away from it)
+    # picks a K for neither: wait until it has caught up, when the newer reading would choose
+    # clearly otherwise. (An EAGLE head back from a topic shift went K=1 -> K=2 on the mixed
+    # window, then K=2 -> K=3 half an hour later: two restarts for one change.)
+    shift = _alpha_shift(ctx, est)
+    at_shift = None if shift is None else predict(calibration, est, ctx.allowed(), current, s, alpha=shift)
+    if at_shift is not None and _regret(at_shift, best) - _regret(preds, best) > t.min_gain:
+        fastest = max(at_shift, key=lambda k: at_shift[k].score)
+        return hold(
+            f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance is moving ({shift:.2f} on "
+            f"the {fmt_s(s.guard_window_s)} window against {est.alpha:.2f} on the {fmt_s(s.window_s)} one) "
+            f"and at {shift:.2f} {label(best)} would be {fmt_pct(_regret(at_shift, best))} slower than "
+            f"{label(fastest)}: keeping {label(current)} until the long window has caught up {context}"
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
         return hold(
