@@ -379,8 +379,7 @@ def _calibration_due(
     window = observed.window if observed.available else None
     if current is None or off is None or window is None or window.idle:
         return None
-    recent = observed.guard_request_rate(settings)
-    rate = window.request_rate if recent is None else max(window.request_rate, recent)
+    rate = observed.highest_request_rate(settings)
     left = current.capacity_rps * policy.plan.main_replicas(policy.spec) / max(1, settings.replicas)
     if rate >= settings.tuning.restart_max_rollout_load * left:
         return None

@@ -42,6 +42,13 @@ class PolicyObservations:
         fraction = settings.guard_window_s / settings.window_s
         return guard.request_rate if guard.requests >= max(3.0, settings.min_requests * fraction) else None
 
+    def highest_request_rate(self, settings: PolicySettings) -> float:
+        """The higher of the long window's request rate and the short window's (when it
+        counts, `guard_request_rate`): the load a restart now would have to carry."""
+        assert self.window is not None
+        recent = self.guard_request_rate(settings)
+        return self.window.request_rate if recent is None else max(self.window.request_rate, recent)
+
     @classmethod
     def unavailable(cls, message: str, reason: str = constants.REASON_METRICS_MISSING) -> "PolicyObservations":
         return cls(False, None, None, reason, message)

@@ -65,7 +65,7 @@ def serving_in_rollout(settings: PolicySettings, replicas: int) -> int:
 def rollout_capacity_of(
     calibration: Calibration,
     est: Estimate,
-    configs: Iterable[int],
+    configs: Iterable[perfmodel.Config],
     settings: PolicySettings,
     alpha: float | None = None,
 ) -> float | None:
@@ -82,7 +82,7 @@ def rollout_capacity_of(
 def overloading_rollout(
     calibration: Calibration,
     est: Estimate,
-    configs: Iterable[int],
+    configs: Iterable[perfmodel.Config],
     settings: PolicySettings,
     rate: float,
     alpha: float | None = None,
@@ -97,7 +97,7 @@ def overloading_rollout(
 
 
 @memo.memoized(maxsize=8192)
-def _capacity(params: EngineParams, workload: Workload, k: int, replicas: int) -> float:
+def _capacity(params: EngineParams, workload: Workload, k: perfmodel.Config, replicas: int) -> float:
     """Capacity (requests/s) of ``replicas`` replicas at config k, memoized."""
     return perfmodel.steady_state(params, workload, k, replicas).capacity_rps
 

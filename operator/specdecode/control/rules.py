@@ -541,13 +541,6 @@ def _alpha_shift(ctx: _Context, est: Estimate) -> float | None:
     return short.alpha if abs(short.alpha - est.alpha) > ctx.tuning.confidence_z * sigma else None
 
 
-def _recovering_alpha(ctx: _Context, est: Estimate) -> float | None:
-    """The short window's acceptance when it is confidently above the long window's ``est``
-    (acceptance rising, the long window not caught up); None otherwise."""
-    shift = _alpha_shift(ctx, est)
-    return shift if shift is not None and est.alpha is not None and shift > est.alpha else None
-
-
 def _regret(preds: Mapping[int, ConfigPrediction], k: int) -> float:
     """How much slower ``k`` is predicted than the fastest config (0: it is the fastest)."""
     return max(p.score for p in preds.values()) / preds[k].score - 1.0
@@ -882,7 +875,10 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"{t.hedge_min_rise:.0%} needed)"
         )
         hedge = None
-    recovering = _recovering_alpha(ctx, est)
+    # The short window's acceptance when it moved confidently away from the long window's
+    # (None: it did not); rising, it is a recovery the long window has not caught up with.
+    shift = _alpha_shift(ctx, est)
+    recovering = shift if shift is not None and shift > est.alpha else None
     if hedge is not None and recovering is not None and best_hedge(
         calibration, est, current, preds, s, low, t.hedge_zone, high, alpha=recovering
     ) is None:
@@ -936,7 +932,6 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     # picks a K for neither: wait until it has caught up, when the newer reading would choose
     # clearly otherwise. (An EAGLE head back from a topic shift went K=1 -> K=2 on the mixed
     # window, then K=2 -> K=3 half an hour later: two restarts for one change.)
-    shift = _alpha_shift(ctx, est)
     at_shift = None if shift is None else predict(calibration, est, ctx.allowed(), current, s, alpha=shift)
     if at_shift is not None and _regret(at_shift, best) - _regret(preds, best) > t.min_gain:
         fastest = max(at_shift, key=lambda k: at_shift[k].score)

@@ -56,9 +56,9 @@ from typing import Any, Sequence
 from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
 from specdecode.control.decision import FLOOR_RULES, Action, Decision, Held, Rule
-from specdecode.control.estimates import Estimate, estimate, scaled_params, step_scale, workload_of
+from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
 from specdecode.control.explain import shut_way_out
-from specdecode.control.hedge import serving_in_rollout
+from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
 from specdecode.control.memory import remember
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
@@ -339,8 +339,7 @@ def _maybe_adopt(
         losses = [_e2e_loss(params, est, schedule, reference, *factors, alpha=a) for a in alphas]
         return None if any(x is None for x in losses) else max(losses)
 
-    recent = observed.guard_request_rate(settings)
-    rate = est.request_rate if recent is None else max(est.request_rate, recent)
+    rate = observed.highest_request_rate(settings)
     notes = []
     for proposal in candidates:
         schedule = proposal.schedule
@@ -399,21 +398,15 @@ def _shuts_way_out(
     range carries, at the floor, about what that range's K does. It may not carry less there
     than the plain K it replaces, where the rollout out of it at the floor would load the
     replicas left serving past `restart_max_rollout_load`."""
-    serving = serving_in_rollout(settings, max(1, params.replicas))
-    if settings.max_surge >= 1 or serving < 1 or state.k is None:
+    if state.k is None:
         return None
-    workload = workload_of(est, settings.acceptance_floor)
-
-    def carried(config: perfmodel.Config) -> float:
-        return perfmodel.steady_state(params, workload, config, serving).capacity_rps
-
-    under = carried(schedule)
-    if under >= carried(state.k):
+    floor = settings.acceptance_floor
+    calibration = Calibration(off=params, on=params, scale_now=None)  # the schedule path's one model
+    under = rollout_capacity_of(calibration, est, (schedule,), settings, floor)
+    if under is None or under >= rollout_capacity_of(calibration, est, (state.k,), settings, floor):
         return None
-    capacity = min(under, carried(exit_config))
-    if rate < settings.tuning.restart_max_rollout_load * capacity:
-        return None
-    return shut_way_out(rate, capacity, settings.acceptance_floor, exit_config)
+    capacity = overloading_rollout(calibration, est, (schedule, exit_config), settings, rate, floor)
+    return None if capacity is None else shut_way_out(rate, capacity, floor, exit_config)
 
 
 def _restart_allowed(settings: PolicySettings, state: ControlState, now: float) -> bool:
