@@ -1364,10 +1364,15 @@ class ExperimentRecord(StatusModel):
         "(speculation off for one window beside a config whose step time is well above the model's prior: "
         "is the draft or the target the costlier part?)."
     )
-    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`).", max_length=128)
+    candidate: str = Field(description="The candidate config (`ngram K=5`, `off`, `eagle 1-32:K6,33+:K3`).",
+                           max_length=128)
     candidate_enabled: bool = Field(False, description="Whether the canary runs speculation.")
     candidate_k: Optional[int] = Field(
         None, description="num_speculative_tokens on the canary; absent when it runs speculation off.", ge=1, le=16
+    )
+    candidate_schedule: Optional[str] = Field(
+        None, description="Per-batch-size K schedule on the canary (status.speculation.schedule's form; "
+        "autotune.schedules Auto); candidateK is then its largest K. Absent for plain K or off.", max_length=256,
     )
     candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
     incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)

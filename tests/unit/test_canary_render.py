@@ -104,3 +104,33 @@ def test_the_pdb_protects_the_main_deployments_pods_and_not_the_canarys():
     # The main Deployment's own selector (immutable) still matches both; the canary's only its own.
     assert _selects(main["spec"]["selector"], canary_pods)
     assert not _selects(canary["spec"]["selector"], main_pods)
+
+
+def test_a_schedule_on_trial_renders_its_table_on_the_canary_and_the_promoted_main_deployment_hashes_alike():
+    """A schedule the operator chose runs on the canary with its table (vLLM's
+    num_speculative_tokens_per_batch_size) under the hash its record names; once promoted,
+    the main Deployment renders the same config from status.speculation, so the promotion
+    is the config the canary measured."""
+    from specdecode.control import state as cs
+    from specdecode.control.experiments import Experiment, ExperimentPolicy, Purpose
+    from specdecode.control.perfmodel import Schedule
+    from specdecode.shell.experiments import canary_for
+
+    sds = service(engine={"version": "0.33.0"}, autotune={"schedules": "Auto"})
+    policy = ExperimentPolicy.from_spec(sds.spec)
+    schedule = Schedule(((1, 32, 4), (33, 1024, 0)))
+    record = Experiment(Purpose.CHANGE, policy.describe(4, schedule), policy.config_hash(4, schedule),
+                        policy.config_hash(3), started_at=1_800_000_000.0, candidate_k=4,
+                        candidate_schedule=schedule).to_record()
+    assert record.candidate == "ngram 1-32:K4,33+:off"
+    canary = canary_for(sds.spec, record)
+    rendered = render_canary(sds, canary.candidate, owner_uid="uid-1")
+    args = " ".join(rendered["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert '"num_speculative_tokens":4,"num_speculative_tokens_per_batch_size":[[1,32,4],[33,1024,0]]' in args
+    assert rendered["spec"]["template"]["metadata"]["labels"][C.LABEL_CONFIG_HASH] == record.candidate_hash
+    promoted = api.EffectiveSpeculation(enabled=True, method="ngram", k=4, since="2027-01-15T08:00:00Z",
+                                        schedule=record.candidate_schedule,
+                                        spec_hash=cs.declared_speculation_hash(sds.spec))
+    choice, _, _ = cs.choose(sds.spec, api.SpecDecodeServiceStatus(speculation=promoted))
+    main = render_deployment(sds, choice, owner_uid="uid-1")
+    assert main["spec"]["template"]["metadata"]["labels"][C.LABEL_CONFIG_HASH] == record.candidate_hash

@@ -24,6 +24,7 @@ from specdecode.control.state import ControlState
 from specdecode.control.rules import decide
 from specdecode.control.step import step
 from specdecode.render import workload as render_workload
+from specdecode.shell import experiments as experiment_shell
 
 NOW = 1_800_000_000.0
 TRUTH = EngineParams.for_method("draft_model")
@@ -568,6 +569,86 @@ def test_a_schedule_waits_for_the_verdict_of_a_running_canary():
     decision, update = schedules.consider(settings, testing, observed, hold, NOW)
     assert decision == hold
     assert "canary experiment (Change) runs" in update.note
+
+
+def _canaried(replicas: int = 3) -> tuple[api.SpecDecodeServiceSpec, PolicySettings, ControlState]:
+    """The calm of the test above with canary experiments on (the spec's default): three
+    replicas, K=3 running with its config hash known, a schedule that pays on offer."""
+    free = replace(TRUTH, draft_weight_tokens=0, draft_kv_ratio=0.0, schedule_overhead_s=0.0, spec_overhead_s=0.0)
+    spec = _spec(replicas=replicas)
+    settings = replace(PolicySettings.from_spec(spec, prior=free), slo_e2e_s=15.0, slo_tpot_s=0.05)
+    assert settings.experiments is not None and settings.experiments.runs
+    state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=replicas,
+                         batch_low=2.0, batch_high=300.0, observed_at=NOW - 60,
+                         config_hash=render_workload.config_hash(spec, render_workload.SpeculationChoice(k=3)))
+    return spec, settings, state
+
+
+def _run_canary(settings: PolicySettings, state: ControlState, factor: float, minutes: int):
+    """One evaluation a minute at the calm's load; the canary's window is the running
+    config's with its time per token ``factor`` times as long. Returns every decision."""
+    observed = both(workload(2, alpha=0.7), 3, params=settings.prior)
+    decisions = []
+    for minute in range(1, minutes + 1):
+        now = NOW + 60.0 * minute
+        running = state.experiment
+        canary = None
+        if running is not None:
+            wobble = 1.0 + 0.01 * ((minute % 3) - 1)
+            canary = replace(observed.window, tpot_mean_s=observed.window.tpot_mean_s * factor * wobble, pods=1)
+        decision, state = step(settings, state, observed, now, canary=canary)
+        decisions.append(decision)
+        if decision.applied and decision.changes:
+            break
+    return decisions, state
+
+
+def test_a_schedule_the_operator_would_adopt_first_runs_on_a_canary_and_rolls_out_once_measured_better():
+    """Experiments on: the schedule that pays is not rolled out on the model's word. It runs on
+    one canary replica (its table rendered there), the running K=3 keeps every other replica,
+    and it reaches them only when its windows measure it faster; then it replaces K=3 as an
+    adoption would (a revert returns to K=3)."""
+    spec, settings, state = _canaried()
+    decision, state = step(settings, state, both(workload(2, alpha=0.7), 3, params=settings.prior), NOW)
+    trial = state.experiment
+    assert (decision.action, decision.rule, decision.wanted, decision.applied) == (
+        Action.HOLD, Rule.EXPERIMENT, Rule.SCHEDULE, False), decision.reason
+    assert trial is not None and trial.candidate_schedule is not None and trial.purpose is Purpose.CHANGE
+    schedule = trial.candidate_schedule
+    assert state.schedule is None and state.k == 3 and state.since == NOW - 7200, "no replica restarted"
+    assert f"draft_model {schedule.label} on 1 canary replica(s) against K=3" in decision.reason
+    # What status keeps is what the canary renders: its table, under its own config hash.
+    record = trial.to_record()
+    assert record.candidate_schedule == schedule.label and record.candidate_k == schedule.max_k
+    assert Experiment.from_record(api.ExperimentRecord.model_validate(record.to_wire()), spec) == trial
+    canary = experiment_shell.canary_for(spec, record)
+    assert canary.candidate.per_batch_size == schedule.rows()
+    assert render_workload.config_hash(spec, canary.candidate) == trial.candidate_hash != state.config_hash
+    assert "on trial" in state.schedule_note
+
+    decisions, after = _run_canary(settings, state, factor=0.9, minutes=40)
+    promotion = decisions[-1]
+    assert (promotion.rule, promotion.applied, promotion.schedule) == (Rule.EXPERIMENT, True, schedule), promotion.reason
+    assert "promoted" in promotion.reason and after.experiments[-1].outcome.verdict.value == "Promote"
+    assert not any(d.changes for d in decisions[:-1]), "nothing restarted before the verdict"
+    assert after.schedule == schedule and after.schedule_replaced_k == 3
+    assert after.schedule_step_scale is not None
+    assert after.history[-1].to_schedule == schedule.label
+
+
+def test_a_schedule_measured_slower_on_its_canary_never_reaches_the_replicas_and_waits_out_a_backoff():
+    """The same schedule, its canary 10 % slower per token than K=3 (a cost the model does not
+    know): aborted, K=3 keeps running untouched, and the schedule is not tried again before
+    reprobeInterval (status says why)."""
+    spec, settings, state = _canaried()
+    decisions, after = _run_canary(settings, state, factor=1.1, minutes=60)
+    trials = [x for x in after.experiments if x.candidate_schedule is not None]
+    assert trials and trials[0].outcome.verdict.value == "AbortWorse", [x.outcome for x in trials]
+    assert not any(d.changes for d in decisions) and after.schedule is None and after.k == 3
+    ended, retry = trials[0].ended_at, trials[0].ended_at + settings.reprobe_interval_s
+    waiting = [d for i, d in enumerate(decisions) if ended < NOW + 60.0 * (i + 1) < retry]
+    assert waiting and all("not tried again" in d.reason for d in waiting), waiting[0].reason
+    assert len(trials) == 2 and trials[1].started_at >= retry, "tried again once the back-off is over"
 
 
 def test_recommend_mode_advises_the_schedule_auto_mode_would_adopt_and_changes_nothing():

@@ -1,7 +1,7 @@
 """Canary experiments in the control loop: the step's second half (pure; time passed in).
 
-A move the performance model predicts (a tuning move, or a re-probe while speculation is off)
-is a bet on the model, and losing it restarts every replica twice. In Auto mode, when the
+A move the performance model predicts (a tuning move, a re-probe while speculation is off, a
+per-batch-size K schedule adopted or replaced) is a bet on the model, and losing it restarts every replica twice. In Auto mode, when the
 plan can run (`CanaryPlan.blocker` is None), such a move starts an experiment instead: the
 candidate runs on a canary Deployment beside the running config, on the same traffic, and
 reaches every replica only once it is measured better (`experiments.judge`). After the
@@ -39,12 +39,12 @@ from specdecode.api import AutotuneMode
 from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import PolicyObservations, estimate, step_scale
 from specdecode.control.experiments import (
-    Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor, cancel_reason,
+    Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor, cancel_reason, rendered_schedule,
 )
-from specdecode.control.explain import fmt_s, label
+from specdecode.control.explain import fmt_s
 from specdecode.control.memory import off_per_on, stored
 from specdecode.control.metrics import Observation
-from specdecode.control.perfmodel import OFF
+from specdecode.control.perfmodel import OFF, Schedule
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState
 
@@ -95,9 +95,11 @@ def promoted_lately(state: ControlState) -> bool:
     if not state.experiments:
         return False
     last = state.experiments[-1]
+    schedule = last.candidate_schedule.label if last.candidate_schedule is not None else None
     return (last.outcome is not None and last.outcome.verdict is Verdict.PROMOTE
-            and last.candidate_k == (state.k if state.enabled else None) and last.ended_at is not None
-            and last.ended_at >= math.floor(state.since))
+            and last.candidate_k == (state.k if state.enabled else None)
+            and schedule == (state.schedule.label if state.schedule is not None else None)
+            and last.ended_at is not None and last.ended_at >= math.floor(state.since))
 
 
 # --- a running experiment ----------------------------------------------------------------------
@@ -131,7 +133,7 @@ def _measure(
     settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, running: Experiment,
     decision: Decision, observed: PolicyObservations, canary: Optional[Observation], at: float,
 ) -> tuple[Decision, ControlState]:
-    current = label(state.config)
+    current = state.config_label
     if not observed.available:
         return decision, state  # fail static: no window is measured; the rules' hold says why
     below = below_floor(arm_window(canary), policy.test)
@@ -174,7 +176,8 @@ def _measure(
         reason = (f"canary experiment ({running.purpose.value}) promoted {running.candidate} over {current}: "
                   f"{outcome.reason} ({evidence})")
         return replace(decision, action=action, enabled=target is not None, k=target, rule=Rule.EXPERIMENT,
-                       reason=reason, applied=True, held=None, wanted=None), state
+                       reason=reason, applied=True, held=None, wanted=None,
+                       schedule=measured.candidate_schedule), state
     return _experiment_hold(decision, state, (
         f"canary experiment ({running.purpose.value}) ended {outcome.verdict.value}: {outcome.reason} "
         f"({evidence}); keeping {current}")), state
@@ -191,8 +194,8 @@ def step_scales(
     Control canary, on on a Reprobe's) costs here, on the same traffic at the same time."""
     prior = settings.prior_params()
     arms = (
-        (canary, policy.plan.replicas, experiment.candidate_k or OFF),
-        (incumbent, policy.plan.main_replicas(policy.spec), state.config),
+        (canary, policy.plan.replicas, experiment.candidate_schedule or experiment.candidate_k or OFF),
+        (incumbent, policy.plan.main_replicas(policy.spec), state.schedule or state.config),
     )
     lo, hi = settings.tuning.scale_bounds
     scales = []
@@ -237,15 +240,17 @@ def _start_if_due(
     if decision.changes and decision.rule in CANARIED_RULES:
         assert policy is not None
         candidate_k = decision.k if decision.enabled else None
+        # As the pods render it (the main Deployment's after a promotion hashes alike).
+        schedule = rendered_schedule(decision.schedule.label, policy.spec) if decision.schedule is not None else None
         purpose = Purpose.CHANGE if state.enabled else Purpose.REPROBE
         if not decision.applied:  # Recommend mode: say what Auto mode would do
             note = (f"in Auto mode it would first run as a canary experiment ({purpose.value}): "
-                    f"{policy.describe(candidate_k)} on {policy.plan.replicas} canary replica(s) "
-                    f"against {label(state.config)}")
+                    f"{policy.describe(candidate_k, schedule)} on {policy.plan.replicas} canary replica(s) "
+                    f"against {state.config_label}")
             return replace(decision, reason=f"{decision.reason}; {note}"), state
         if state.config_hash is None:
             return decision, state  # the running config's pods cannot be told apart yet
-        return _start(settings, policy, state, decision, purpose, candidate_k, at)
+        return _start(settings, policy, state, decision, purpose, candidate_k, at, schedule=schedule)
     for purpose, why in ((Purpose.CONTROL, _control_due(settings, policy, state, decision, at)),
                          (Purpose.CALIBRATE, _calibration_due(settings, policy, state, decision, observed, at))):
         if why is not None:
@@ -257,16 +262,17 @@ def _start_if_due(
 def _start(
     settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, decision: Decision,
     purpose: Purpose, candidate_k: Optional[int], at: float, why: Optional[str] = None,
+    schedule: Optional[Schedule] = None,
 ) -> tuple[Decision, ControlState]:
-    candidate_hash = policy.config_hash(candidate_k)
-    candidate = policy.describe(candidate_k)
+    candidate_hash = policy.config_hash(candidate_k, schedule)
+    candidate = policy.describe(candidate_k, schedule)
     wanted = decision.rule if decision.changes else None
     if decision.below_floor:
         # The collapse guard may change the running config at the next evaluation: a canary
         # started now would be cancelled then, its start-up and the borrowed replica's wasted.
         return _experiment_hold(decision, state, (
             f"{decision.reason}; no canary experiment with {candidate} while the short window shows "
-            f"acceptance below the floor (the collapse guard decides first); keeping {label(state.config)}"),
+            f"acceptance below the floor (the collapse guard decides first); keeping {state.config_label}"),
             wanted), state
     lost = _lost_lately(settings, state, candidate_hash, at)
     if lost is not None:
@@ -275,12 +281,13 @@ def _start(
         return _experiment_hold(decision, state, (
             f"{candidate} lost {losses} canary experiment(s) in a row, the last {fmt_s(at - (last.ended_at or at))} "
             f"ago ({verdict}: {last.outcome.reason if last.outcome else ''}); not tried again for "
-            f"{fmt_s(retry_at - at)}; keeping {label(state.config)}"), wanted), state
+            f"{fmt_s(retry_at - at)}; keeping {state.config_label}"), wanted), state
     experiment = Experiment(purpose=purpose, candidate=candidate, candidate_hash=candidate_hash,
-                            incumbent_hash=state.config_hash or "", started_at=at, candidate_k=candidate_k)
+                            incumbent_hash=state.config_hash or "", started_at=at, candidate_k=candidate_k,
+                            candidate_schedule=schedule)
     why = decision.reason if decision.changes else why
     reason = (f"canary experiment ({purpose.value}) started: {candidate} on {policy.plan.replicas} canary "
-              f"replica(s) against {label(state.config)}, before any change to every replica; {why}")
+              f"replica(s) against {state.config_label}, before any change to every replica; {why}")
     experiments = (state.experiments + (experiment,))[-constants.MAX_EXPERIMENTS:]
     return _experiment_hold(decision, state, reason, wanted), replace(state, experiments=experiments)
 
@@ -341,7 +348,7 @@ def _control_due(
         cancelled = experiment.outcome is not None and experiment.outcome.verdict is Verdict.CANCELLED
         if at - experiment.ended_at < (settings.reprobe_interval_s if cancelled else interval):
             return None
-    return f"{label(state.config)} has run unchanged for {fmt_s(at - state.since)}: does speculation still pay?"
+    return f"{state.config_label} has run unchanged for {fmt_s(at - state.since)}: does speculation still pay?"
 
 
 def _calibration_due(
@@ -390,7 +397,7 @@ def _calibration_due(
     for predicted_p95, slo in ((off.e2e_p95_s, settings.slo_e2e_s), (off.tpot_p95_s, settings.slo_tpot_s)):
         if slo is not None and predicted_p95 / scale > slo:
             return None
-    return (f"{label(state.config)} runs at {scale:.2f}x the step time of the model's prior, and the running "
+    return (f"{state.config_label} runs at {scale:.2f}x the step time of the model's prior, and the running "
             "config alone cannot tell whether the draft or the target costs more than the prior says (the "
             "answer decides the load where speculation stops paying): measuring speculation off beside it for "
             "one window")

@@ -56,9 +56,10 @@ class Rule(StrEnum):
     """A schedule measured clearly worse than the plain K it replaced: back to that K."""
 
 
-CANARIED_RULES = frozenset({Rule.TUNE, Rule.REPROBE})
+CANARIED_RULES = frozenset({Rule.TUNE, Rule.REPROBE, Rule.SCHEDULE})
 """Moves the model predicts that are tested on a canary first (Auto mode, a plan without a
-blocker); every other change (the floor, the guards, bounds, hedges) applies at once."""
+blocker): a tuning move, a re-probe, a per-batch-size K schedule adopted or replaced; every
+other change (the floor, the guards, bounds, hedges, a schedule's revert) applies at once."""
 FLOOR_RULES = frozenset({Rule.FLOOR, Rule.COLLAPSE})
 """The acceptance floor on the long (floor) and the short (collapse) window: the user's hard
 rule, no restart price."""

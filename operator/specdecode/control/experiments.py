@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Optional
 
 from specdecode import api, timestamps
 from specdecode.api import ExperimentRecord
+from specdecode.control.perfmodel import Schedule, ScheduleError
 from specdecode.render import workload
 
 if TYPE_CHECKING:
@@ -374,13 +375,50 @@ class ExperimentPolicy:
         plan = CanaryPlan.from_spec(spec)
         return cls(spec=spec, plan=plan, blocker=plan.blocker(spec), test=settings_from_spec(spec, plan))
 
-    def config_hash(self, candidate_k: Optional[int]) -> str:
-        """The engine config hash of the canary running ``candidate_k`` (None: speculation off)."""
-        return workload.config_hash(self.spec, workload.SpeculationChoice(k=candidate_k))
+    @property
+    def runs(self) -> bool:
+        """Experiments are on and their plan can run: a canaried move starts one."""
+        return self.plan.enabled and self.blocker is None
 
-    def describe(self, candidate_k: Optional[int]) -> str:
-        """The candidate as status names configs (`ngram K=5`, `off`)."""
-        return workload.SpeculationChoice(k=candidate_k).describe(self.spec.speculation.method.value)
+    def config_hash(self, candidate_k: Optional[int], schedule: Optional[Schedule] = None) -> str:
+        """The engine config hash of the canary running ``candidate_k`` (None: speculation off),
+        under ``schedule`` when one is given (its largest K is ``candidate_k``)."""
+        return workload.config_hash(self.spec, candidate_choice(candidate_k, schedule))
+
+    def describe(self, candidate_k: Optional[int], schedule: Optional[Schedule] = None) -> str:
+        """The candidate as status names configs (`ngram K=5`, `off`, `eagle 1-32:K6,33+:K3`)."""
+        method = self.spec.speculation.method.value
+        if schedule is not None:
+            return f"{method} {schedule.label}"
+        return workload.SpeculationChoice(k=candidate_k).describe(method)
+
+
+def candidate_choice(candidate_k: Optional[int], schedule: Optional[Schedule] = None) -> workload.SpeculationChoice:
+    """What a canary runs: ``candidate_k`` (None: speculation off), under ``schedule`` if given.
+    The one place a candidate becomes an engine config (its hash, the canary's render)."""
+    if schedule is None or candidate_k is None:
+        return workload.SpeculationChoice(k=candidate_k)
+    return workload.SpeculationChoice(k=candidate_k, per_batch_size=schedule.rows())
+
+
+def rendered_schedule(label: str, spec: Optional["api.SpecDecodeServiceSpec"] = None) -> Schedule:
+    """The schedule ``label`` names (status' form) as the pods render it: its open last range
+    ends at the engine's maxNumSeqs (1024 when not declared). A schedule is kept in status by
+    its label, so every engine config built from one (the main Deployment's, a canary's) goes
+    through here and hashes alike. Raises `ScheduleError` for a label that does not parse."""
+    last_end = (spec.engine.max_num_seqs if spec is not None else None) or 1024
+    return Schedule.from_label(label, last_end)
+
+
+def record_schedule(record: ExperimentRecord, spec: Optional["api.SpecDecodeServiceSpec"] = None) -> Optional[Schedule]:
+    """The schedule a record's canary runs (None: plain K or off; a label that no longer
+    parses reads as none, and its hash then no longer matches: `cancel_reason` ends it)."""
+    if not record.candidate_schedule or not record.candidate_enabled:
+        return None
+    try:
+        return rendered_schedule(record.candidate_schedule, spec)
+    except ScheduleError:
+        return None
 
 
 def cancel_reason(
@@ -400,7 +438,7 @@ def cancel_reason(
     blocker = CanaryPlan.from_spec(spec).blocker(spec)
     if blocker is not None:
         return f"the canary cannot run: {blocker}"
-    if workload.config_hash(spec, workload.SpeculationChoice(k=running.candidate_k)) != running.candidate_hash:
+    if workload.config_hash(spec, candidate_choice(running.candidate_k, running.candidate_schedule)) != running.candidate_hash:
         return "the spec changed the candidate's engine config: what was measured no longer applies"
     if running_hash is not None and running_hash != running.incumbent_hash:
         return (f"the running config changed (config hash {running.incumbent_hash} -> {running_hash}): "
@@ -413,6 +451,11 @@ def cancel_reason(
                    and running.candidate_k not in excluded_ks)
     if not allowed:
         return f"spec.speculation no longer allows {running.candidate}"
+    if running.candidate_schedule is not None:
+        if spec.autotune.schedules != api.ScheduleMode.AUTO:
+            return f"spec.autotune.schedules is {spec.autotune.schedules.value}: no schedule is chosen"
+        if spec.speculation.per_batch_size_k:
+            return "speculation.perBatchSizeK is declared: the user's fixed table runs as declared"
     return None
 
 
@@ -460,6 +503,9 @@ class Experiment:
     ended_at: Optional[float] = None
     candidate_k: Optional[int] = None
     """K on the canary; None: the canary runs speculation off."""
+    candidate_schedule: Optional[Schedule] = None
+    """The per-batch-size K schedule on the canary (``candidate_k`` is its largest K); None:
+    plain K or off."""
     last_window_at: Optional[float] = None
     """End of the last window measured (the next one starts there: windows never overlap)."""
     candidate_step_scale: Optional[float] = None
@@ -514,6 +560,7 @@ class Experiment:
             candidate=self.candidate,
             candidate_enabled=self.candidate_enabled,
             candidate_k=self.candidate_k,
+            candidate_schedule=self.candidate_schedule.label if self.candidate_schedule is not None else None,
             candidate_hash=self.candidate_hash,
             incumbent_hash=self.incumbent_hash,
             started_at=timestamps.rfc3339(self.started_at),
@@ -535,7 +582,7 @@ class Experiment:
         )
 
     @classmethod
-    def from_record(cls, record: "ExperimentRecord") -> "Experiment":
+    def from_record(cls, record: "ExperimentRecord", spec: Optional["api.SpecDecodeServiceSpec"] = None) -> "Experiment":
         """What a restarted operator resumes from (a running experiment keeps its evidence)."""
         evidence = Evidence(
             windows=record.windows,
@@ -561,6 +608,7 @@ class Experiment:
             if record.reason or verdict.final or record.effect is not None or interval is not None else None,
             ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
             candidate_k=record.candidate_k if record.candidate_enabled else None,
+            candidate_schedule=record_schedule(record, spec),
             last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),
             candidate_step_scale=record.candidate_step_scale,
             incumbent_step_scale=record.incumbent_step_scale,

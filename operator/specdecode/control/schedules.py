@@ -18,9 +18,14 @@ rules (`rules.decide`) have decided:
      mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
      token at the low end of the batch range: the same restart now, and none when the load
      comes back (the plain policy would restart again).
-   Adopting restarts the pods once, under the rules' cooldown and change budget. Nothing is
-   adopted while a canary experiment runs: its restart would cancel the experiment, and the
-   plain K to compare against is the one the verdict leaves.
+   Adopting restarts the pods once, under the rules' cooldown and change budget. Where
+   canary experiments can run (Auto mode, `ExperimentPolicy.runs`), the schedule is first
+   measured on a canary replica against the plain K (`control.canary`, rule Schedule is
+   canaried) and reaches every replica only once measured faster; one that loses waits out
+   the re-probe back-off. For the same reason it is not offered instead of a hedge there
+   (the hedge applies at once; a canary would borrow a replica as the load rises). Nothing
+   is adopted while another canary experiment runs: its restart would cancel the
+   experiment, and the plain K to compare against is the one the verdict leaves.
 2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
    hard rule) and the bounds still act, and leave the schedule for plain K. For
@@ -38,7 +43,8 @@ rules (`rules.decide`) have decided:
    proposals).
 3. Re-render only when the acceptance regime changed enough: a new proposal must save
    ``REPLACE_GAIN`` of the time per token over the whole batch range (a fixed grid, the same
-   whatever the load), so load swings alone never restart.
+   whatever the load), so load swings alone never restart. A replacement is canaried as an
+   adoption is.
 
 In Recommend mode step 1 is advice (status.recommendation.schedule; not applied, so not paced
 by the cooldown or the change budget) and steps 2 and 3 do not run; Off mode chooses nothing.
@@ -55,8 +61,9 @@ from typing import Any, Sequence
 
 from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
-from specdecode.control.decision import FLOOR_RULES, Action, Decision, Held, Rule
+from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
+from specdecode.control.experiments import Experiment
 from specdecode.control.explain import shut_way_out
 from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
 from specdecode.control.memory import remember
@@ -244,12 +251,17 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
     new = after
     if decision.applied and decision.changes:
         schedule = decision.schedule
+        replaced_k, replaced_scale = update.replaced_k, update.replaced_scale
+        if schedule is not None and before.schedule is None and replaced_k is None and after.experiments:
+            # Promoted from a canary: it replaces the plain K it ran beside, calibrated by the
+            # step time that K measured in the experiment's windows.
+            replaced_k, replaced_scale = before.k, after.experiments[-1].incumbent_step_scale
         new = replace(
             new,
             schedule=schedule,
-            schedule_replaced_k=(update.replaced_k if schedule is not None and before.schedule is None
+            schedule_replaced_k=(replaced_k if schedule is not None and before.schedule is None
                                  else before.schedule_replaced_k if schedule is not None else None),
-            schedule_step_scale=(update.replaced_scale if schedule is not None and before.schedule is None
+            schedule_step_scale=(replaced_scale if schedule is not None and before.schedule is None
                                  else before.schedule_step_scale if schedule is not None else None),
         )
     if update.overhead_s is not None:
@@ -269,9 +281,20 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
         baseline = None
     new = replace(new, plain_baseline=baseline)
     note = update.note
+    trial = new.experiment
+    if update.replaced_k is not None and new.schedule is None:
+        # The schedule chosen was not adopted: a canary tries it first, or it waits (a loss
+        # lately, the collapse guard); the decision's reason says which.
+        note = (_trial_note(trial, before.k) if trial is not None and trial.candidate_schedule is not None
+                else f"not adopted yet: {decision.reason}"[:512])
     if note is None and new.schedule is not None:
         note = before.schedule_note if before.schedule is not None else None
     return replace(new, schedule_note=note)
+
+
+def _trial_note(trial: Experiment, k: int | None) -> str:
+    assert trial.candidate_schedule is not None
+    return f"on trial: {trial.candidate_schedule.label} runs on a canary against K={k} ({trial.purpose.value} experiment)"
 
 
 # --- no schedule yet ---------------------------------------------------------------------------
@@ -286,11 +309,18 @@ def _maybe_adopt(
     the cooldown or the change budget, which pace restarts that advice does not make."""
     if not state.enabled or state.k is None or not _window_complete(settings, state, now):
         return decision, ScheduleUpdate()
-    if state.experiment is not None:
-        return decision, ScheduleUpdate(note=f"a canary experiment ({state.experiment.purpose.value}) runs: a "
+    trial = state.experiment
+    if trial is not None:
+        if trial.candidate_schedule is not None:
+            return decision, ScheduleUpdate(note=_trial_note(trial, state.k))
+        return decision, ScheduleUpdate(note=f"a canary experiment ({trial.purpose.value}) runs: a "
                                              "schedule is judged against the plain K its verdict leaves")
     instead = decision.changes and (decision.applied or advise) and decision.rule in LOAD_RULES
     if decision.changes and not instead:
+        return decision, ScheduleUpdate()
+    if instead and decision.rule not in CANARIED_RULES and _canaried(settings):
+        # A schedule is measured on a canary first, and the canary borrows a replica: a move
+        # the rules make at once (a hedge against rising load) is not delayed for one.
         return decision, ScheduleUpdate()
     if not decision.changes:
         if decision.rule not in SETTLED_RULES or (not advise and not _restart_allowed(settings, state, now)):
@@ -407,6 +437,13 @@ def _shuts_way_out(
         return None
     capacity = overloading_rollout(calibration, est, (schedule, exit_config), settings, rate, floor)
     return None if capacity is None else shut_way_out(rate, capacity, floor, exit_config)
+
+
+def _canaried(settings: PolicySettings) -> bool:
+    """A schedule the operator adopts runs on a canary first (`control.canary`): Auto mode,
+    experiments on and their plan able to run."""
+    policy = settings.experiments
+    return settings.mode is AutotuneMode.AUTO and policy is not None and policy.runs
 
 
 def _restart_allowed(settings: PolicySettings, state: ControlState, now: float) -> bool:

@@ -20,7 +20,8 @@ from typing import Optional, Sequence
 
 from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
-from specdecode.control.experiments import Experiment
+from specdecode.control.explain import label
+from specdecode.control.experiments import Experiment, rendered_schedule
 from specdecode.control.memory import HistoryEntry, history_from_status
 from specdecode.control.perfmodel import OFF, Schedule, ScheduleError
 from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
@@ -129,6 +130,11 @@ class ControlState:
         """The current config as perfmodel counts it: 0 off, else K."""
         return self.k if (self.enabled and self.k) else OFF
 
+    @property
+    def config_label(self) -> str:
+        """The running config as reasons name it: `K=3`, `off`, or its schedule (`1-32:K6,33+:K3`)."""
+        return self.schedule.label if self.schedule is not None and self.enabled else label(self.config)
+
 
 # --------------------------------------------------------------------------------------------
 # K: one derivation, one bounds rule
@@ -188,7 +194,7 @@ def schedule_of(
     if spec.autotune.schedules != api.ScheduleMode.AUTO or spec.speculation.per_batch_size_k:
         return None
     try:
-        schedule = Schedule.from_label(effective.schedule, spec.engine.max_num_seqs or 1024)
+        schedule = rendered_schedule(effective.schedule, spec)
     except ScheduleError:
         return None
     s = spec.speculation
@@ -261,7 +267,7 @@ def from_status(
         advice=advice,
         excluded_ks=excluded,
         ready_replicas=status.ready_replicas or 0,
-        experiments=tuple(Experiment.from_record(r) for r in status.experiments),
+        experiments=tuple(Experiment.from_record(r, spec) for r in status.experiments),
     )
     if effective is None:
         choice, cause, _ = choose(spec, None)

@@ -30,7 +30,8 @@ def step(
     per-batch-size K schedules are considered (`schedules.consider`), then canary experiments
     have their say (`canary.run`: a predicted move may start an experiment instead; a running
     one is measured on ``canary``, the canary's observation, against ``observed``, and may be
-    promoted, aborted or cancelled). Schedule moves are not canaried yet: they apply at once."""
+    promoted, aborted or cancelled). A schedule adopted or replaced is such a predicted move:
+    it runs on the canary first, and a promotion puts it in effect."""
     decision = decide(serving_settings(settings, state), state, observed, state.history, now)
     decision, update = schedules.consider(settings, state, observed, decision, now)
     decision, measured = run_experiments(settings, state, decision, observed, canary, now)

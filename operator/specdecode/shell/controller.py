@@ -230,7 +230,7 @@ class Controller:
             config = render.config_hash(service.spec, choice)
             record = experiments.running_record(remembered)
             cancel = None if record is None else experiments.cancel_reason(
-                service.spec, experiments.Experiment.from_record(record), config,
+                service.spec, experiments.Experiment.from_record(record, service.spec), config,
                 cs.excluded_ks(service.spec, remembered.failed_configs))
             canary = experiment_shell.canary_for(service.spec, record) if cancel is None else None
             objects = render.render_all(service, choice, owner_uid=meta["uid"], pod_monitor_served=served, canary=canary)

@@ -24,9 +24,10 @@ from . import instrumentation
 from .kube import Kube
 
 
-def candidate_of(record: api.ExperimentRecord) -> render.SpeculationChoice:
-    """What the record's canary runs."""
-    return render.SpeculationChoice(k=record.candidate_k if record.candidate_enabled else None)
+def candidate_of(record: api.ExperimentRecord, spec: api.SpecDecodeServiceSpec) -> render.SpeculationChoice:
+    """What the record's canary runs: its K (or speculation off), under its schedule if any."""
+    k = record.candidate_k if record.candidate_enabled else None
+    return experiments.candidate_choice(k, experiments.record_schedule(record, spec))
 
 
 def canary_for(spec: api.SpecDecodeServiceSpec, record: Optional[api.ExperimentRecord]) -> Optional[render.Canary]:
@@ -34,7 +35,7 @@ def canary_for(spec: api.SpecDecodeServiceSpec, record: Optional[api.ExperimentR
     if record is None:
         return None
     plan = experiments.CanaryPlan.from_spec(spec)
-    return render.Canary(candidate=candidate_of(record), replicas=plan.replicas, main_replicas=plan.main_replicas(spec))
+    return render.Canary(candidate=candidate_of(record, spec), replicas=plan.replicas, main_replicas=plan.main_replicas(spec))
 
 
 def cancelled(status: api.SpecDecodeServiceStatus, reason: str, now: datetime,

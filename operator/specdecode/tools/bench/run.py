@@ -47,7 +47,7 @@ from specdecode.control import decision as dec
 from specdecode.control import evaluation
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.settings import PolicySettings
-from specdecode.control.experiments import CanaryPlan, running_record
+from specdecode.control.experiments import CanaryPlan, record_schedule, running_record
 from specdecode.control.metrics import ConfigKey, QueryScope, service_request_rate
 from specdecode.control.perfmodel import OFF
 from specdecode.tools.scenario import Scenario, load_scenario
@@ -155,8 +155,8 @@ class ExperimentSpan:
     """One canary experiment as the benchmark ran it (from the status record it started)."""
 
     purpose: str
-    candidate: int
-    incumbent: int
+    candidate: engine.Config
+    incumbent: engine.Config
     started: float
     ready_at: float
     """When the canary's pods became Ready (``started`` + the scenario's start-up time)."""
@@ -177,7 +177,7 @@ class _Canary:
     """The running canary: its record's identity, its pods' slots and label."""
 
     started_at: str
-    config: int
+    config: engine.Config
     label: str
     slots: tuple[int, ...]
     borrowed_slots: tuple[int, ...]
@@ -355,7 +355,8 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
             size = plan.replicas
             borrowed_slots = tuple(range(plan.main_replicas(spec), replicas))
             slots = tuple(range(replicas, replicas + size))
-            candidate = record.candidate_k if record.candidate_enabled and record.candidate_k else OFF
+            candidate = (record_schedule(record, spec)
+                         or (record.candidate_k if record.candidate_enabled and record.candidate_k else OFF))
             for slot in borrowed_slots:
                 transitions = [tr for tr in transitions if tr[1] != slot]
                 fleet.stop(slot, t)

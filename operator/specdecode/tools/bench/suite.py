@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specdecode.tools.bench import engine
 from specdecode.tools.bench.run import (
     ORACLE, ORACLE_SCHEDULES, POLICY, POLICY_SCHEDULES, ScenarioResult, run_scenario,
 )
@@ -209,7 +210,8 @@ def experiments_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
                 "failed_probe_served_worse_replica_min": cost.served_worse_s / 60.0,
                 "failed_probe_startup_replica_min": cost.startup_s / 60.0,
                 "experiment_verdicts": [
-                    {"purpose": s.purpose, "candidate": s.candidate, "incumbent": s.incumbent, "started_s": s.started,
+                    {"purpose": s.purpose, "candidate": engine.strategy_label(s.candidate),
+                     "incumbent": engine.strategy_label(s.incumbent), "started_s": s.started,
                      "ended_s": s.ended, "verdict": s.verdict, "reason": s.reason}
                     for s in v.spans
                 ],
