@@ -954,24 +954,26 @@ class Autotune(ApiModel):
         "before it reaches every replica.",
     )
     schedules: ScheduleMode = Field(
-        ScheduleMode.OFF,
-        description="Auto lets the operator choose a per-batch-size K schedule (vLLM's "
+        ScheduleMode.AUTO,
+        description="Auto (the default) lets the operator choose a per-batch-size K schedule (vLLM's "
         "num_speculative_tokens_per_batch_size, 0.24 and later): a few ranges of the running batch "
         "size, each with its K (0 = no drafting there), chosen from the measured step time, the "
         "per-position acceptance and the running batch the service sees, so load swings are "
-        "followed inside the engine without restarts. Adopting or replacing a schedule restarts "
-        "the pods once. Costs: every step pays a per-step overhead (calibrated after rollout), "
-        "vLLM may fall back from full to piecewise CUDA graphs, and the draft's weights and KV "
-        "cache stay loaded even in ranges at K 0. After every schedule rollout the operator "
-        "compares measured time per token with the plain K it replaced and reverts a schedule "
-        "that is clearly worse, and at any time one under which the service falls behind a load "
-        "that plain K is predicted to serve (a throughput collapse past a range's threshold); "
-        "both are remembered in status.rejectedSchedules. In Recommend mode the "
+        "followed inside the engine without restarts. A schedule is adopted only where the model "
+        "predicts it saves at least 3 % per token over the batches seen (or stands in for a "
+        "load-driven change of K), and with canary experiments on it first runs on a canary "
+        "replica and reaches every replica only once measured faster there. Adopting or replacing "
+        "a schedule restarts the pods once. Costs: every step pays a per-step overhead (calibrated "
+        "after rollout), vLLM may fall back from full to piecewise CUDA graphs, and the draft's "
+        "weights and KV cache stay loaded even in ranges at K 0. After every schedule rollout the "
+        "operator compares measured time per token with the plain K it replaced and reverts a "
+        "schedule that is clearly worse, and at any time one under which the service falls behind "
+        "a load that plain K is predicted to serve (a throughput collapse past a range's "
+        "threshold); both are remembered in status.rejectedSchedules. In Recommend mode the "
         "schedule it would adopt is advice (status.recommendation.schedule) and nothing restarts. "
-        "Off (the default: on "
-        "the shipped benchmark suite schedules did not beat the plain policy) keeps plain K. A "
-        "declared speculation.perBatchSizeK is always the user's fixed choice. Versions or "
-        "methods whose vLLM drops the table run plain K (status.speculation.scheduleReason).",
+        "Off pins plain K. A declared speculation.perBatchSizeK is always the user's fixed choice. "
+        "Versions or methods whose vLLM drops the table run plain K "
+        "(status.speculation.scheduleReason says why).",
     )
 
 

@@ -198,12 +198,12 @@ def test_bench_policy_command_writes_json_csv_and_png(tmp_path, capsys):
     assert (out / "short.png").stat().st_size > 10_000
     # With and without schedules: the oracle with them scores at least the one without.
     view = scenario["with_schedules"]
-    assert {"policy", "policy+sched", "oracle", "oracle+sched", *view["family"]} <= set(view["strategies"])
+    assert {"policy", "policy (sched Off)", "oracle", "oracle+sched", *view["family"]} <= set(view["strategies"])
     row = summary["schedules"]["scenarios"]["short"]
     assert row["oracle_schedules"] >= row["oracle"] - 1e-12
-    # The policy with autotune.schedules Auto is reported beside the plain one.
-    assert set(row["restarts"]) == {"policy", "policy_schedules", "oracle", "oracle_schedules"}
-    assert 0.0 <= row["policy_schedules"] <= 1.0 + 1e-9
+    # The policy as the API defaults it (schedules Auto) is reported beside the plain one.
+    assert set(row["restarts"]) == {"policy", "policy_plain", "oracle", "oracle_schedules"}
+    assert 0.0 <= row["policy_plain"] <= 1.0 + 1e-9
     assert len(row["oracle_schedules_plan"]) == len(SHORT["phases"][:2])
 
 

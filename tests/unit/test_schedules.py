@@ -473,7 +473,7 @@ def test_suffix_on_033_and_a_declared_table_keep_plain_k():
     assert schedules.unsupported_reason(_spec("nightly")) is None
 
 
-def test_schedules_off_by_default_change_nothing():
+def test_schedules_off_change_nothing():
     settings = replace(auto(), schedules=False)
     state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
     for rate in (4, 20, 30):

@@ -70,7 +70,7 @@ from specdecode.control.memory import remember
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.settings import PolicySettings
-from specdecode.control.state import ControlState, PlainBaseline
+from specdecode.control.state import ControlState, PlainBaseline, stored_batch, stored_point
 
 ADOPT_GAIN = 0.03
 """A schedule must save at least 3 % of the time per token against the plain K, at the batches
@@ -268,12 +268,12 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
         new = replace(new, schedule_overhead_s=update.overhead_s)
     if update.batches is not None:
         low, high = batch_memory(before, update.batches, update.at)
-        new = replace(new, batch_low=low, batch_high=high)
+        new = replace(new, batch_low=stored_batch(low), batch_high=stored_batch(high))
     if update.rejected is not None:
         new = replace(new, rejected_schedules=new.rejected_schedules | {update.rejected})
     baseline = before.plain_baseline
     if update.plain_point is not None and before.k is not None:
-        baseline = with_plain_point(baseline, before.k, update.plain_point)
+        baseline = with_plain_point(baseline, before.k, stored_point(update.plain_point))
     # The baseline describes the plain K running, or the one the schedule in effect replaced
     # (a revert returns to it); a move to another config leaves it behind.
     owner = new.schedule_replaced_k if new.schedule is not None else (new.k if new.enabled else None)

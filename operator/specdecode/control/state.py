@@ -325,11 +325,27 @@ def _plain_baseline(stored: Optional[api.PlainBaseline]) -> PlainBaseline | None
     )))
 
 
+BATCH_DIGITS = 2
+"""Running batches as status keeps them (recentLow/PeakRunningRequests, plainBaseline)."""
+TOKEN_TIME_DIGITS = 7
+"""Seconds per output token as status keeps them (plainBaseline)."""
+
+
+def stored_batch(batch: float) -> float:
+    """A running batch as status keeps it: the state holds it so, and reads back the same."""
+    return round(batch, BATCH_DIGITS)
+
+
+def stored_point(point: tuple[float, float]) -> tuple[float, float]:
+    """A plain baseline's (running batch, seconds per output token) as status keeps it."""
+    return stored_batch(point[0]), round(point[1], TOKEN_TIME_DIGITS)
+
+
 def _plain_baseline_status(baseline: PlainBaseline | None) -> Optional[dict]:
     if baseline is None:
         return None
     return {"k": baseline.k, "points": [
-        {"runningRequests": round(b, 2), "secondsPerOutputToken": round(t, 7)} for b, t in baseline.points
+        {"runningRequests": b, "secondsPerOutputToken": t} for b, t in map(stored_point, baseline.points)
     ]}
 
 
@@ -387,8 +403,8 @@ def to_status(
              "scheduleOverheadSeconds": (
                  None if state.schedule_overhead_s is None else round(state.schedule_overhead_s, 6)
              ),
-             "recentLowRunningRequests": None if state.batch_low is None else round(state.batch_low, 2),
-             "recentPeakRunningRequests": None if state.batch_high is None else round(state.batch_high, 2),
+             "recentLowRunningRequests": None if state.batch_low is None else stored_batch(state.batch_low),
+             "recentPeakRunningRequests": None if state.batch_high is None else stored_batch(state.batch_high),
              "plainBaseline": _plain_baseline_status(state.plain_baseline)}
         )
     history = [api.DecisionRecord.model_validate(e.to_status()) for e in state.history[-max_history:]]

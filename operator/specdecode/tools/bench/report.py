@@ -382,10 +382,11 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         "schedules included",
         caption="oracle: K only; oracle+sched: may also run the scenario's schedule family "
         "(proposed by perfmodel.propose_schedule from the truth); best sched: the family's "
-        "best schedule chosen once. policy: autotune.schedules Off; policy+sched: Auto. "
-        "restarts: policy/policy+sched/oracle/oracle+sched.",
+        "best schedule chosen once. policy: autotune.schedules Auto (the API's default); "
+        "sched Off: the policy with autotune.schedules Off (plain K). "
+        "restarts: policy/sched Off/oracle/oracle+sched.",
     )
-    for column in ("scenario", "policy", "policy+sched", "oracle", "oracle+sched", "best static", "best sched",
+    for column in ("scenario", "policy", "sched Off", "oracle", "oracle+sched", "best static", "best sched",
                    "restarts", "oracle+sched plan"):
         table.add_column(column, justify="left" if column in ("scenario", "oracle+sched plan") else "right",
                          no_wrap=column != "oracle+sched plan")
@@ -400,16 +401,16 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         restarts = row["restarts"]
         plan = row["oracle_schedules_plan"]
         table.add_row(
-            r.name, f"{row['policy']:.3f}", f"{row.get('policy_schedules', math.nan):.3f}",
+            r.name, f"{row['policy']:.3f}", f"{row.get('policy_plain', math.nan):.3f}",
             f"{row['oracle']:.3f}", f"{row['oracle_schedules']:.3f}",
             f"{row['best_static_score']:.3f} {row['best_static']}", sched,
-            f"{restarts['policy']}/{restarts.get('policy_schedules')}/{restarts['oracle']}/"
+            f"{restarts['policy']}/{restarts.get('policy_plain')}/{restarts['oracle']}/"
             f"{restarts['oracle_schedules']}",
             _runs(plan) if any(c.startswith("sched[") for c in plan) else "(no schedule)",
         )
     means = view["mean"]
     table.add_row(
-        "[bold]mean[/bold]", f"{means['policy']:.3f}", f"{means.get('policy_schedules', math.nan):.3f}",
+        "[bold]mean[/bold]", f"{means['policy']:.3f}", f"{means.get('policy_plain', math.nan):.3f}",
         f"{means['oracle']:.3f}", f"{means['oracle_schedules']:.3f}", f"{means['best_static_score']:.3f}",
         "", "", "",
     )
@@ -418,12 +419,12 @@ def _render_schedules(results: Sequence[ScenarioResult], summary: dict[str, Any]
         console.print(
             f"  margin over the best single static choice ({view['best_single_static']}, "
             f"{view['best_single_static_mean']:.3f}): policy "
-            f"{view['policy_margin_over_best_single_static']:+.3f}, policy+sched "
-            f"{view['policy_schedules_margin_over_best_single_static']:+.3f} (target +0.04)"
+            f"{view['policy_margin_over_best_single_static']:+.3f} (target +0.04), with schedules Off "
+            f"{view['policy_plain_margin_over_best_single_static']:+.3f}"
         )
     for name, swing in view.get("load_swing", {}).items():
         console.print(
-            f"  load swing {name}: policy+sched {swing['policy_schedules']:.3f} vs oracle+sched "
+            f"  load swing {name}: policy {swing['policy']:.3f} vs oracle+sched "
             f"{swing['oracle_schedules']:.3f} ({swing['gap']:+.3f}, target >= -0.02), restarts "
             f"{swing['restarts']} vs {swing['oracle_restarts']}: {'met' if swing['met'] else 'missed'}"
         )

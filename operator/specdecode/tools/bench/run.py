@@ -53,11 +53,12 @@ from specdecode.control.perfmodel import OFF
 from specdecode.tools.scenario import Scenario, load_scenario
 
 POLICY = "policy"
+"""The policy as the API defaults it (``autotune.schedules: Auto``, canary experiments on)."""
 ORACLE = "oracle"
 ORACLE_SCHEDULES = "oracle+sched"
 """The oracle that may also choose the scenario's schedule family (`engine.schedule_family`)."""
-POLICY_SCHEDULES = "policy+sched"
-"""The policy with ``autotune.schedules: Auto`` (it may choose per-batch-size K schedules)."""
+POLICY_PLAIN = "policy (sched Off)"
+"""The policy with ``autotune.schedules: Off``: plain K only (reported beside the default)."""
 SCRAPE_INTERVAL_S = 15.0
 DECLARED_K = 3
 """The K a service declares when its scenario does not bound it away: every strategy starts
@@ -518,7 +519,7 @@ EXPERIMENT_MODES = {"on": (True,), "off": (False,), "compare": (True, False)}
 def run_variant(
     scenario: Scenario, measure: "Yardstick", experiments: bool,
 ) -> tuple[PolicyVariant, PolicyRun, list[engine.Segment], PolicySettings]:
-    settings = policy_settings(scenario, experiments=experiments, schedules=False)
+    settings = policy_settings(scenario, experiments=experiments)  # schedules as the API defaults them
     run = run_policy(scenario, settings, experiments=experiments)
     segments = engine.evaluate_schedule(scenario, measure.evaluator, run.schedule)
     raw = figures(segments, len(run.changes))
@@ -797,16 +798,16 @@ def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
 def scored(raw: dict[str, Figures]) -> dict[str, Figures]:
     """Every strategy scored against the best goodput and the best latency among the oracle
     and every static choice (the policy's own figures never set a denominator)."""
-    best = engine.best_axes(f.axes for name, f in raw.items() if name not in (POLICY, POLICY_SCHEDULES))
+    best = engine.best_axes(f.axes for name, f in raw.items() if name not in (POLICY, POLICY_PLAIN))
     return {name: f.with_ratios(best) for name, f in raw.items()}
 
 
 def _schedule_view(
-    measure: Yardstick, policy_figures: Figures, scheduled_figures: Figures | None = None
+    measure: Yardstick, policy_figures: Figures, plain_figures: Figures | None = None
 ) -> ScheduleView:
     raw = {POLICY: policy_figures, **measure.figures(), **measure.schedule_figures()}
-    if scheduled_figures is not None:
-        raw[POLICY_SCHEDULES] = scheduled_figures
+    if plain_figures is not None:
+        raw[POLICY_PLAIN] = plain_figures
     strategies = scored(raw)
     names = [strategy_name(s) for s in measure.family]
     best = max(names, key=lambda n: (strategies[n].score, -names.index(n))) if names else ""
@@ -839,16 +840,14 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
         if primary is None:
             primary = (variant_run, variant_segments, variant_settings)
     run, policy_segments, settings = primary
-    scheduled_figures = None
+    plain_figures = None
     if schedules:
-        # The policy again with autotune.schedules Auto (and the primary variant's experiments).
+        # The policy again with autotune.schedules Off (and the primary variant's experiments).
         with_experiments = EXPERIMENT_MODES[experiments][0]
-        scheduled = run_policy(
-            scenario, policy_settings(scenario, experiments=with_experiments, schedules=True), experiments=with_experiments
+        plain = run_policy(
+            scenario, policy_settings(scenario, experiments=with_experiments, schedules=False), experiments=with_experiments
         )
-        scheduled_figures = figures(
-            engine.evaluate_schedule(scenario, evaluator, scheduled.schedule), len(scheduled.changes)
-        )
+        plain_figures = figures(engine.evaluate_schedule(scenario, evaluator, plain.schedule), len(plain.changes))
 
     policy_figures = figures(policy_segments, len(run.changes))
     strategies = scored({POLICY: policy_figures, **measure.figures()})
@@ -886,6 +885,6 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
         best_static=best_static,
         day_long_stationary=is_day_long_stationary(scenario),
         held_back=scenario.held_back,
-        schedules=_schedule_view(measure, policy_figures, scheduled_figures) if schedules else None,
+        schedules=_schedule_view(measure, policy_figures, plain_figures) if schedules else None,
         variants=variants,
     )

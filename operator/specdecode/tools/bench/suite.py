@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from specdecode.tools.bench import engine
 from specdecode.tools.bench.run import (
-    ORACLE, ORACLE_SCHEDULES, POLICY, POLICY_SCHEDULES, ScenarioResult, run_scenario,
+    ORACLE, ORACLE_SCHEDULES, POLICY, POLICY_PLAIN, ScenarioResult, run_scenario,
 )
 from specdecode.control.decision import Held
 
@@ -260,11 +260,11 @@ def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
     for r, v in views:
         best = v.strategies.get(v.best_static_schedule) if v.best_static_schedule else None
         best_k = v.strategies[r.best_static]
-        scheduled = v.strategies.get(POLICY_SCHEDULES)
+        plain = v.strategies.get(POLICY_PLAIN)
         rows[r.name] = {
             "family": list(v.family),
             "policy": v.strategies[POLICY].score,
-            "policy_schedules": scheduled.score if scheduled else math.nan,
+            "policy_plain": plain.score if plain else math.nan,
             "oracle": v.strategies[ORACLE].score,
             "oracle_schedules": v.strategies[ORACLE_SCHEDULES].score,
             "best_static": r.best_static,
@@ -273,7 +273,7 @@ def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
             "best_static_schedule_score": best.score if best else None,
             "restarts": {
                 "policy": v.strategies[POLICY].changes,
-                "policy_schedules": scheduled.changes if scheduled else None,
+                "policy_plain": plain.changes if plain else None,
                 "oracle": v.strategies[ORACLE].changes,
                 "oracle_schedules": v.strategies[ORACLE_SCHEDULES].changes,
             },
@@ -289,31 +289,28 @@ def schedules_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         n: math.fsum(v.strategies[n].score for _, v in views) / len(views) for n in statics
     }
     single = max(static_means, key=static_means.get) if static_means else ""
-    swing = [
-        (name, row) for name, row in rows.items()
-        if name in LOAD_SWING_SCENARIOS and not math.isnan(row["policy_schedules"])
-    ]
+    swing = [(name, row) for name, row in rows.items() if name in LOAD_SWING_SCENARIOS]
     return {
         "scenarios": rows,
         "mean": {key: mean(key) for key in
-                 ("policy", "policy_schedules", "oracle", "oracle_schedules", "best_static_score")},
+                 ("policy", "policy_plain", "oracle", "oracle_schedules", "best_static_score")},
         "best_single_static": single,
         "best_single_static_mean": static_means.get(single, math.nan),
-        "policy_schedules_margin_over_best_single_static": (
-            mean("policy_schedules") - static_means[single] if single else math.nan
+        "policy_plain_margin_over_best_single_static": (
+            mean("policy_plain") - static_means[single] if single else math.nan
         ),
         "policy_margin_over_best_single_static": (
             mean("policy") - static_means[single] if single else math.nan
         ),
         "load_swing": {
             name: {
-                "policy_schedules": row["policy_schedules"],
+                "policy": row["policy"],
                 "oracle_schedules": row["oracle_schedules"],
-                "gap": row["policy_schedules"] - row["oracle_schedules"],
-                "restarts": row["restarts"]["policy_schedules"],
+                "gap": row["policy"] - row["oracle_schedules"],
+                "restarts": row["restarts"]["policy"],
                 "oracle_restarts": row["restarts"]["oracle_schedules"],
-                "met": (row["policy_schedules"] >= row["oracle_schedules"] - TARGET_LOAD_SWING_GAP
-                        and row["restarts"]["policy_schedules"] <= row["restarts"]["oracle_schedules"]),
+                "met": (row["policy"] >= row["oracle_schedules"] - TARGET_LOAD_SWING_GAP
+                        and row["restarts"]["policy"] <= row["restarts"]["oracle_schedules"]),
             }
             for name, row in swing
         },
