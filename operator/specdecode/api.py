@@ -1376,6 +1376,12 @@ class ExperimentRecord(StatusModel):
         None, description="Per-batch-size K schedule on the canary (status.speculation.schedule's form; "
         "autotune.schedules Auto); candidateK is then its largest K. Absent for plain K or off.", max_length=256,
     )
+    predicted_effect: Optional[float] = Field(
+        None, description="A schedule's canary: the performance model's relative change of time per output "
+        "token against the running config at the load it was chosen (-0.02: 2 % faster). A schedule's gain "
+        "may lie at loads the canary does not see, so it is promoted once measured no more than the "
+        "experiments' minimum effect worse than this, and aborted once measured clearly worse.",
+    )
     candidate_hash: str = Field(description="Config hash of the canary's pods.", max_length=64)
     incumbent_hash: str = Field(description="Config hash of the running config.", max_length=64)
     started_at: str = Field(description="When the canary was created (RFC 3339).", max_length=64)

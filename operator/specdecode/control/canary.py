@@ -276,20 +276,35 @@ def _start(
             wanted), state
     lost = _lost_lately(settings, state, candidate_hash, at)
     if lost is not None:
-        last, losses, retry_at = lost
-        verdict = last.outcome.verdict.value if last.outcome else "lost"
         return _experiment_hold(decision, state, (
-            f"{candidate} lost {losses} canary experiment(s) in a row, the last {fmt_s(at - (last.ended_at or at))} "
-            f"ago ({verdict}: {last.outcome.reason if last.outcome else ''}); not tried again for "
-            f"{fmt_s(retry_at - at)}; keeping {state.config_label}"), wanted), state
+            f"{candidate} {_lost_text(*lost, at)}; keeping {state.config_label}"), wanted), state
     experiment = Experiment(purpose=purpose, candidate=candidate, candidate_hash=candidate_hash,
                             incumbent_hash=state.config_hash or "", started_at=at, candidate_k=candidate_k,
-                            candidate_schedule=schedule)
+                            candidate_schedule=schedule,
+                            predicted_effect=decision.predicted_effect if schedule is not None else None)
     why = decision.reason if decision.changes else why
     reason = (f"canary experiment ({purpose.value}) started: {candidate} on {policy.plan.replicas} canary "
               f"replica(s) against {state.config_label}, before any change to every replica; {why}")
     experiments = (state.experiments + (experiment,))[-constants.MAX_EXPERIMENTS:]
     return _experiment_hold(decision, state, reason, wanted), replace(state, experiments=experiments)
+
+
+def schedule_backing_off(settings: PolicySettings, state: ControlState, schedule: Schedule, at: float) -> Optional[str]:
+    """Why ``schedule`` may not run on a canary now (None: it may, or no canary runs here): it
+    lost lately and its back-off is not over. The schedules path offers another choice
+    meanwhile (the rules' own move, or none), as a K that lost is not offered again."""
+    policy = settings.experiments
+    if policy is None or not policy.runs:
+        return None
+    rendered = rendered_schedule(schedule.label, policy.spec)
+    lost = _lost_lately(settings, state, policy.config_hash(rendered.max_k, rendered), float(math.floor(at)))
+    return None if lost is None else _lost_text(*lost, float(math.floor(at)))
+
+
+def _lost_text(last: Experiment, losses: int, retry_at: float, at: float) -> str:
+    verdict = last.outcome.verdict.value if last.outcome else "lost"
+    return (f"lost {losses} canary experiment(s) in a row, the last {fmt_s(at - (last.ended_at or at))} ago "
+            f"({verdict}: {last.outcome.reason if last.outcome else ''}); not tried again for {fmt_s(retry_at - at)}")
 
 
 def _lost_lately(

@@ -164,6 +164,9 @@ class Decision:
     schedule: Schedule | None = None
     """The per-batch-size K schedule decided (``k`` is its largest K); None: plain K. Any
     decision without one leaves a running schedule for plain K."""
+    predicted_effect: float | None = None
+    """A schedule's: the model's relative change of time per token against the running config
+    at today's load (-0.02: 2 % faster); its canary is judged against it (`experiments.judge`)."""
     below_floor: bool = False
     """The short (guard) window showed acceptance confidently below the floor in this
     evaluation: the collapse guard's evidence, remembered (`ControlState.below_floor_since`)

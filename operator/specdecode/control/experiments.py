@@ -242,9 +242,16 @@ def judge(
     started_at: float,
     now: float,
     settings: ExperimentSettings,
+    predicted: Optional[float] = None,
 ) -> Outcome:
     """The verdict on ``evidence`` (which already includes ``latest``, the newest window, whose
-    SLOs are checked) of an experiment started at ``started_at``."""
+    SLOs are checked) of an experiment started at ``started_at``.
+
+    ``predicted`` (a schedule's canary): the model's relative change of time per token at
+    the load the canary runs. A schedule is chosen for the batches of the last hours, and its
+    gain may lie at loads the canary does not see; what the canary can check is the model's
+    word where it runs. So its test is one of non-inferiority to that prediction: Promote once
+    the interval lies below ``predicted`` + ``min_effect``, AbortWorse once it lies above."""
 
     def outcome(verdict: Verdict, reason: str) -> Outcome:
         base = Outcome(verdict, reason, evidence.windows, evidence.candidate_requests, evidence.incumbent_requests)
@@ -269,7 +276,15 @@ def judge(
         return outcome(Verdict.CONTINUE, "waiting for traffic on both arms")
 
     slower_arm = min(evidence.candidate_requests, evidence.incumbent_requests)
-    if evidence.paired >= settings.min_windows and slower_arm >= settings.min_requests:
+    if predicted is not None and evidence.paired >= settings.min_windows and slower_arm >= settings.min_requests:
+        low, high = confidence_interval(evidence, settings.tau, settings.alpha)
+        bound = math.log1p(predicted) + math.log1p(settings.min_effect)
+        measured = f"the canary is {_change(evidence.mean)} per token where the model predicts {_change(math.log1p(predicted))}"
+        if high < bound:
+            return outcome(Verdict.PROMOTE, f"{measured}: within {settings.min_effect:.0%} of the prediction")
+        if low > bound:
+            return outcome(Verdict.ABORT_WORSE, f"{measured}: more than {settings.min_effect:.0%} worse than predicted")
+    elif evidence.paired >= settings.min_windows and slower_arm >= settings.min_requests:
         low, high = confidence_interval(evidence, settings.tau, settings.alpha)
         threshold = math.log1p(settings.min_effect)
         if mixture_likelihood_ratio(evidence, settings.tau) >= 1.0 / settings.alpha:
@@ -284,6 +299,12 @@ def judge(
     if slower_arm < settings.min_requests:
         return outcome(Verdict.CONTINUE, f"{slower_arm:.0f} of {settings.min_requests:.0f} requests on the slower arm")
     return outcome(Verdict.CONTINUE, "the difference is not clear yet")
+
+
+def _change(log_ratio: float) -> str:
+    """A log ratio of time per token as a user reads it: `3.1% faster`, `2.0% slower`."""
+    change = math.expm1(log_ratio)
+    return f"{-change:.1%} faster" if change < 0 else f"{change:.1%} slower"
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,6 +527,9 @@ class Experiment:
     candidate_schedule: Optional[Schedule] = None
     """The per-batch-size K schedule on the canary (``candidate_k`` is its largest K); None:
     plain K or off."""
+    predicted_effect: Optional[float] = None
+    """A schedule's: the model's relative change of time per token against the running config
+    at the load it was chosen (`judge`'s non-inferiority test); None: the superiority test."""
     last_window_at: Optional[float] = None
     """End of the last window measured (the next one starts there: windows never overlap)."""
     candidate_step_scale: Optional[float] = None
@@ -530,7 +554,7 @@ class Experiment:
             return self
         window = PairedWindow(at=now, candidate=arm_window(candidate), incumbent=arm_window(incumbent))
         evidence = self.evidence.add(window)
-        outcome = judge(evidence, window, self.started_at, now, settings)
+        outcome = judge(evidence, window, self.started_at, now, settings, self.predicted_effect)
         return replace(self, evidence=evidence, outcome=outcome, last_window_at=now,
                        ended_at=now if outcome.verdict.final else None)
 
@@ -561,6 +585,7 @@ class Experiment:
             candidate_enabled=self.candidate_enabled,
             candidate_k=self.candidate_k,
             candidate_schedule=self.candidate_schedule.label if self.candidate_schedule is not None else None,
+            predicted_effect=self.predicted_effect,
             candidate_hash=self.candidate_hash,
             incumbent_hash=self.incumbent_hash,
             started_at=timestamps.rfc3339(self.started_at),
@@ -609,6 +634,7 @@ class Experiment:
             ended_at=timestamps.epoch_seconds_or_none(record.ended_at),
             candidate_k=record.candidate_k if record.candidate_enabled else None,
             candidate_schedule=record_schedule(record, spec),
+            predicted_effect=record.predicted_effect,
             last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),
             candidate_step_scale=record.candidate_step_scale,
             incumbent_step_scale=record.incumbent_step_scale,

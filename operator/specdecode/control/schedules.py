@@ -61,12 +61,13 @@ from typing import Any, Sequence
 
 from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
+from specdecode.control.canary import schedule_backing_off
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
 from specdecode.control.experiments import Experiment
 from specdecode.control.explain import shut_way_out
 from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
-from specdecode.control.memory import remember
+from specdecode.control.memory import remember, stored
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.settings import PolicySettings
@@ -141,6 +142,8 @@ class ScheduleUpdate:
     evaluation's full window (None: a schedule runs, or nothing measurable)."""
     at: float = 0.0
     """When (for the batch memory's forgetting)."""
+    on_trial: bool = False
+    """A schedule's canary experiment ran into this evaluation (its note follows the trial)."""
 
 
 def batch_memory(before: ControlState, batches: tuple[float, float], now: float) -> tuple[float, float]:
@@ -281,20 +284,33 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
         baseline = None
     new = replace(new, plain_baseline=baseline)
     note = update.note
-    trial = new.experiment
-    if update.replaced_k is not None and new.schedule is None:
-        # The schedule chosen was not adopted: a canary tries it first, or it waits (a loss
-        # lately, the collapse guard); the decision's reason says which.
-        note = (_trial_note(trial, before.k) if trial is not None and trial.candidate_schedule is not None
-                else f"not adopted yet: {decision.reason}"[:512])
+    trial = new.experiments[-1] if new.experiments else None
+    if trial is not None and trial.candidate_schedule is not None and (update.on_trial or update.replaced_k is not None):
+        # A schedule's canary experiment started, runs, or ended in this evaluation: say
+        # where it stands (the note of the evaluation that chose it, or of the one before,
+        # no longer does once the canary has answered).
+        note = _trial_note(trial, before.k)
+    elif update.replaced_k is not None and new.schedule is None:
+        # The schedule chosen was not adopted: it waits (a loss lately, the collapse guard);
+        # the decision's reason says which.
+        note = f"not adopted yet: {decision.reason}"[:512]
     if note is None and new.schedule is not None:
         note = before.schedule_note if before.schedule is not None else None
     return replace(new, schedule_note=note)
 
 
 def _trial_note(trial: Experiment, k: int | None) -> str:
+    """Where a schedule's canary experiment stands, for status.speculation.scheduleReason."""
     assert trial.candidate_schedule is not None
-    return f"on trial: {trial.candidate_schedule.label} runs on a canary against K={k} ({trial.purpose.value} experiment)"
+    label = trial.candidate_schedule.label
+    if trial.running:
+        return f"on trial: {label} runs on a canary against K={k} ({trial.purpose.value} experiment)"
+    outcome = trial.outcome
+    verdict = outcome.verdict.value if outcome is not None else "ended"
+    why = outcome.reason if outcome is not None else ""
+    if outcome is not None and outcome.verdict.value == "Promote":
+        return f"promoted from its canary: {why}"[:512]
+    return f"{label} ended {verdict} on its canary: {why}; plain K"[:512]
 
 
 # --- no schedule yet ---------------------------------------------------------------------------
@@ -312,7 +328,7 @@ def _maybe_adopt(
     trial = state.experiment
     if trial is not None:
         if trial.candidate_schedule is not None:
-            return decision, ScheduleUpdate(note=_trial_note(trial, state.k))
+            return decision, ScheduleUpdate(on_trial=True)  # the note follows the trial (`advance`)
         return decision, ScheduleUpdate(note=f"a canary experiment ({trial.purpose.value}) runs: a "
                                              "schedule is judged against the plain K its verdict leaves")
     instead = decision.changes and (decision.applied or advise) and decision.rule in LOAD_RULES
@@ -377,6 +393,14 @@ def _maybe_adopt(
         if shut is not None:
             notes.append(f"{schedule.label}: {shut}")
             continue
+        backing_off = schedule_backing_off(settings, state, schedule, now)
+        if backing_off is not None:
+            notes.append(f"{schedule.label}: {backing_off}")
+            continue
+        overload = None if instead else _overloading_restart(settings, params, est, schedule, state.k, rate)
+        if overload is not None:
+            notes.append(f"{schedule.label}: {overload}")
+            continue
         if instead:
             loss = worst_e2e(schedule, target)
             low_loss = worst_loss(schedule, state.k, [(low, 1.0)])
@@ -402,10 +426,15 @@ def _maybe_adopt(
                 f"K={state.k} at the batches seen ({_batches_text(batches)}); crossovers "
                 f"{_crossovers(proposal)}; load swings then need no restart"
             )
+        # What its canary can check: the model's word at the load it runs (`experiments.judge`).
+        here = [(est.batch_per_replica, 1.0)]
+        measured_positions = _positions(est.alpha, params.acceptance_decay, settings.max_k)
+        predicted = (_per_token(params, schedule, here, context, measured_positions, prefill)
+                     / _per_token(params, state.k, here, context, measured_positions, prefill) - 1.0)
         adopted = replace(
             decision, action=Action.SET_K, enabled=True, k=schedule.max_k, reason=reason[:1024],
             rule=Rule.SCHEDULE, applied=not advise, held=None, wanted=None, schedule=schedule,
-            step_scale=_clamped_scale(settings, state.k, est),
+            step_scale=_clamped_scale(settings, state.k, est), predicted_effect=stored(predicted),
         )
         if advise:
             return adopted, ScheduleUpdate(note=f"recommended from batches {_batches_text(batches)} (Recommend mode)")
@@ -431,12 +460,32 @@ def _shuts_way_out(
     if state.k is None:
         return None
     floor = settings.acceptance_floor
-    calibration = Calibration(off=params, on=params, scale_now=None)  # the schedule path's one model
+    calibration = _one_model(params)
     under = rollout_capacity_of(calibration, est, (schedule,), settings, floor)
     if under is None or under >= rollout_capacity_of(calibration, est, (state.k,), settings, floor):
         return None
     capacity = overloading_rollout(calibration, est, (schedule, exit_config), settings, rate, floor)
     return None if capacity is None else shut_way_out(rate, capacity, floor, exit_config)
+
+
+def _one_model(params: EngineParams) -> Calibration:
+    """The schedule path's one calibrated model as the hedge's checks take it."""
+    return Calibration(off=params, on=params, scale_now=None)
+
+
+def _overloading_restart(
+    settings: PolicySettings, params: EngineParams, est: Estimate, schedule: Schedule, k: int, rate: float,
+) -> str | None:
+    """Why adopting ``schedule`` over plain ``k`` at ``rate`` would overload the replicas left
+    serving (None: it would not, or maxSurge >= 1): a rollout, or a canary's start borrowing
+    a replica, takes one down for minutes. The rules price that restart into a move of K
+    (the price, `rules`); a schedule adopted while K holds is not priced by them, so it
+    waits for a load the replicas left serving carry (`restart_max_rollout_load`)."""
+    capacity = overloading_rollout(_one_model(params), est, (k, schedule), settings, rate)
+    if capacity is None:
+        return None
+    return (f"its restart would load the replicas left serving to {rate / capacity:.0%} of the {capacity:.1f} "
+            "req/s they carry: waiting for a lower load")
 
 
 def _canaried(settings: PolicySettings) -> bool:
