@@ -92,6 +92,23 @@ def test_a_hold_writes_nothing_new():
     assert again.status.to_wire() == first.status.to_wire() and again.events == () and not again.rerender
 
 
+def test_new_figures_in_the_schedule_reason_alone_are_not_worth_a_write():
+    """scheduleReason quotes today's figures ("2.8% per token saved"): a steady service whose
+    figures wander writes nothing for them; a reason that says something new is written."""
+    spec = _spec()
+    stored = _status(spec)
+
+    def saying(reason: str) -> api.SpecDecodeServiceStatus:
+        return stored.model_copy(update={"speculation": stored.speculation.model_copy(update={"schedule_reason": reason})})
+
+    before = saying("plain K: 1-64:K2,65+:off: 2.8% per token saved against K=3 (needs 3%), -3.6% e2e")
+    wandered = saying("plain K: 1-64:K2,65+:off: 2.6% per token saved against K=3 (needs 3%), -3.9% e2e")
+    assert not evaluation.status_write_needed(before, wandered)
+    other = saying("plain K: 1-64:K2,65+:off: its restart would load the replicas left serving to 103% of the "
+                   "17.4 req/s they carry: waiting for a lower load")
+    assert evaluation.status_write_needed(before, other)
+
+
 def test_history_is_bounded():
     spec = _spec()
     status = _status(spec)
