@@ -1,11 +1,12 @@
 """Canary experiments in the control loop: the step's second half (pure; time passed in).
 
 A move the performance model predicts (a tuning move, a re-probe while speculation is off, a
-per-batch-size K schedule adopted or replaced) is a bet on the model, and losing it restarts every replica twice. In Auto mode, when the
-plan can run (`CanaryPlan.blocker` is None), such a move starts an experiment instead: the
-candidate runs on a canary Deployment beside the running config, on the same traffic, and
-reaches every replica only once it is measured better (`experiments.judge`). After the
-rules have decided, `run`
+per-batch-size K schedule adopted or replaced) is a bet on the model, and losing it restarts
+every replica twice. In Auto mode, when the plan can run (`CanaryPlan.blocker` is None),
+such a move starts an experiment instead: the candidate runs on a canary Deployment beside
+the running config, on the same traffic, and reaches every replica only once it is measured
+better (`experiments.judge`; a schedule: measured as the model predicts it at the canary's
+load). After the rules have decided, `run`
 
 - cancels a running experiment that can no longer answer its question: autotune left Auto,
   the plan became blocked, the spec changed what was tested (the candidate's or the running
@@ -16,7 +17,7 @@ rules have decided, `run`
   to the candidate (rule Experiment, a history entry); every Abort keeps the running config
   and is remembered, so the same candidate is not tried again before a back-off
   (reprobeInterval, doubled for each further loss in a row, at most 8x);
-- starts one in place of a tuning move or a re-probe, or a periodic Control experiment
+- starts one in place of a tuning move, a re-probe or a schedule, or a periodic Control experiment
   (speculation off on the canary) for a config that has run unchanged for controlInterval,
   or one early Calibrate experiment (speculation off for one window, verdict Measured) when
   the running config's step time is well above the prior's: any window in which the canary
@@ -291,8 +292,8 @@ def _start(
 
 def schedule_backing_off(settings: PolicySettings, state: ControlState, schedule: Schedule, at: float) -> Optional[str]:
     """Why ``schedule`` may not run on a canary now (None: it may, or no canary runs here): it
-    lost lately and its back-off is not over. The schedules path offers another choice
-    meanwhile (the rules' own move, or none), as a K that lost is not offered again."""
+    lost lately and its back-off is not over. The schedules path then offers none, and the
+    rules' own decision stands (a schedule held back would hold their moves behind it)."""
     policy = settings.experiments
     if policy is None or not policy.runs:
         return None

@@ -18,14 +18,17 @@ rules (`rules.decide`) have decided:
      mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
      token at the low end of the batch range: the same restart now, and none when the load
      comes back (the plain policy would restart again).
-   Adopting restarts the pods once, under the rules' cooldown and change budget. Where
-   canary experiments can run (Auto mode, `ExperimentPolicy.runs`), the schedule is first
-   measured on a canary replica against the plain K (`control.canary`, rule Schedule is
-   canaried) and reaches every replica only once measured faster; one that loses waits out
-   the re-probe back-off. For the same reason it is not offered instead of a hedge there
-   (the hedge applies at once; a canary would borrow a replica as the load rises). Nothing
-   is adopted while another canary experiment runs: its restart would cancel the
-   experiment, and the plain K to compare against is the one the verdict leaves.
+   Adopting restarts the pods once, under the rules' cooldown and change budget; one
+   adopted while the rules hold K (whose price they did not weigh) waits, with maxSurge 0,
+   for a load the replicas left serving carry. Where canary experiments can run (Auto mode,
+   `ExperimentPolicy.runs`), the schedule is first measured on a canary replica against the
+   plain K (`control.canary`: rule Schedule is canaried) and reaches every replica only once
+   measured as the model predicts it at the canary's load (`predicted_effect`; its gain may
+   lie at loads the canary does not see); one that loses is not offered while it backs off.
+   For the same reason it is not offered instead of a hedge there (the hedge applies at
+   once; a canary would borrow a replica as the load rises). Nothing is adopted while
+   another canary experiment runs: its restart would cancel the experiment, and the plain K
+   to compare against is the one the verdict leaves.
 2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
    hard rule) and the bounds still act, and leave the schedule for plain K. For
@@ -64,7 +67,7 @@ from specdecode.control import perfmodel
 from specdecode.control.canary import schedule_backing_off
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
-from specdecode.control.experiments import Experiment
+from specdecode.control.experiments import Experiment, Verdict
 from specdecode.control.explain import shut_way_out
 from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
 from specdecode.control.memory import remember, stored
@@ -308,7 +311,7 @@ def _trial_note(trial: Experiment, k: int | None) -> str:
     outcome = trial.outcome
     verdict = outcome.verdict.value if outcome is not None else "ended"
     why = outcome.reason if outcome is not None else ""
-    if outcome is not None and outcome.verdict.value == "Promote":
+    if outcome is not None and outcome.verdict is Verdict.PROMOTE:
         return f"promoted from its canary: {why}"[:512]
     return f"{label} ended {verdict} on its canary: {why}; plain K"[:512]
 
