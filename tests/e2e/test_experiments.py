@@ -30,6 +30,7 @@ from specdecode import api
 from specdecode import constants as C
 from specdecode import timestamps
 from specdecode.control import perfmodel
+from specdecode.control.experiments import candidate_choice, rendered_schedule
 from specdecode.render import workload as render
 
 from .conftest import poll_until
@@ -248,18 +249,22 @@ def test_an_operator_killed_mid_experiment_leaves_no_orphan_canary(cluster, kube
 # ------------------------------------------------- the shell's side: the record it finds
 
 
-def _injected(cluster, kube_api, namespace: str, k_candidate: int = 2) -> dict:
+def _injected(cluster, kube_api, namespace: str, k_candidate: int = 2, schedule: Optional[str] = None) -> dict:
     """A serving service (no Prometheus: the policy holds) and a Running record in its status,
-    written as the control loop writes one."""
+    written as the control loop writes one (with ``schedule``: a schedule's, its largest K
+    ``k_candidate``)."""
     doc = service_doc(namespace, NO_PROMETHEUS, k=3, experiments={"control": False})
     apply(cluster, doc)
     st = wait_serving(kube_api, namespace)
-    candidate = render.SpeculationChoice(k=k_candidate)
+    spec = api.parse_spec(doc["spec"])
+    rendered = rendered_schedule(schedule, spec) if schedule else None
+    candidate = candidate_choice(k_candidate, rendered)
     record = {
-        "purpose": "Change", "candidate": f"draft_model K={k_candidate}", "candidateEnabled": True,
-        "candidateK": k_candidate, "candidateHash": render.config_hash(api.parse_spec(doc["spec"]), candidate),
+        "purpose": "Change", "candidate": f"draft_model {schedule or f'K={k_candidate}'}", "candidateEnabled": True,
+        "candidateK": k_candidate, "candidateHash": render.config_hash(spec, candidate),
         "incumbentHash": st["speculation"]["configHash"],
         "startedAt": timestamps.rfc3339(time.time()), "verdict": "Running",
+        **({"candidateSchedule": schedule, "predictedEffect": -0.02} if schedule else {}),
     }
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
         C.GROUP, C.VERSION, namespace, C.PLURAL, NAME, {"status": {"experiments": [record]}})
@@ -312,6 +317,23 @@ def test_the_pdb_protects_the_main_deployments_pods_during_an_experiment(cluster
     first, second = (p.metadata.name for p in _pods(kube_api, namespace, main_selector))
     assert _evict(kube_api, namespace, first) == 201
     assert _evict(kube_api, namespace, second) == 429
+
+
+def test_a_schedule_on_trial_runs_its_table_on_the_canary_alone(cluster, kube_api, operator, namespace):
+    """A schedule's experiment (autotune.schedules Auto, the default): the API server keeps its
+    record as written (candidateSchedule and predictedEffect are in the CRD's schema, not
+    pruned), the canary runs vLLM with the schedule's table under the hash the record names,
+    and the main Deployment keeps plain K=3 on the replicas it has left."""
+    record = _injected(cluster, kube_api, namespace, k_candidate=4, schedule="1-32:K4,33+:off")
+    stored = running(status(kube_api, namespace))
+    assert (stored["candidateSchedule"], stored["predictedEffect"]) == ("1-32:K4,33+:off", -0.02), stored
+    canary = deployment(kube_api, namespace, CANARY)
+    args = canary.spec.template.spec.containers[0].args
+    assert '"num_speculative_tokens_per_batch_size":[[1,32,4],[33,1024,0]]' in args[args.index("--speculative-config") + 1]
+    assert template_hash(canary) == record["candidateHash"]
+    main = deployment(kube_api, namespace)
+    assert speculative_k(main) == 3 and main.spec.replicas == REPLICAS - 1
+    assert "num_speculative_tokens_per_batch_size" not in " ".join(main.spec.template.spec.containers[0].args)
 
 
 def test_deleting_the_service_deletes_its_canary(cluster, kube_api, operator, namespace):
