@@ -113,6 +113,18 @@ def operator(cluster: ClusterInfo, tmp_path_factory) -> Iterator[RunningOperator
             sys.stderr.write(f"\n--- operator log (tail) ---\n{running.log_tail(200)}\n")
 
 
+def wait_namespace_usable(cluster: ClusterInfo, name: str, timeout: float = 120.0) -> None:
+    """Wait while namespace `name` is being deleted: a module before this one deleted it
+    without waiting, and nothing can be created in it (not even a dry run) until it is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = kubectl(cluster, "get", "namespace", name, "-o", "jsonpath={.status.phase}", check=False)
+        if done.returncode != 0 or done.stdout.strip() != "Terminating":
+            return
+        time.sleep(0.5)
+    pytest.fail(f"namespace {name} still terminating after {timeout:.0f}s")
+
+
 def holds_for(check, seconds: float, what: str) -> None:
     """Assert that `check` stays true, polled all along, for `seconds` (the way to show
     that something does NOT happen: no change, no flap)."""

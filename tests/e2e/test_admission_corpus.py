@@ -35,7 +35,7 @@ from specdecode.cli import main as specdecode_main
 
 from ..spec_corpus import (BROKEN, SAMPLES, VALID, document, generated_changes, sample_documents, spec_over,
                            spec_with)
-from .operator_harness import kubectl
+from .operator_harness import kubectl, wait_namespace_usable
 
 pytestmark = pytest.mark.e2e
 
@@ -142,6 +142,7 @@ def test_every_shipped_sample_passes_a_server_side_dry_run_with_kubectl(cluster,
     namespaces = sorted({yaml.safe_load(p.read_text())["metadata"].get("namespace", "default") for p in SAMPLES})
     created = []
     for ns in namespaces:
+        wait_namespace_usable(cluster, ns)
         if kubectl(cluster, "get", "namespace", ns, check=False).returncode != 0:
             kubectl(cluster, "create", "namespace", ns)
             created.append(ns)

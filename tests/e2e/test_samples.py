@@ -19,7 +19,7 @@ from specdecode.tools.localstack import ClusterInfo
 
 from ..spec_corpus import SAMPLES
 from .conftest import wait_for
-from .operator_harness import kubectl
+from .operator_harness import kubectl, wait_namespace_usable
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +46,7 @@ def applied(cluster: ClusterInfo, operator, tmp_path_factory) -> dict:
     """Applies the samples as a user would; returns what `kubectl apply -k` printed."""
     tmp_path = tmp_path_factory.mktemp("samples")
     kubectl(cluster, "apply", "-f", "-", input=_standin_volume(tmp_path))
+    wait_namespace_usable(cluster, NAMESPACE)
     kubectl(cluster, "apply", "-f", str(SAMPLES_DIR / "prerequisites" / "namespace.yaml"))
     token = tmp_path / "token"
     token.write_text("hf_e2e_not_a_real_token")
