@@ -295,8 +295,8 @@ def schedule_backing_off(settings: PolicySettings, state: ControlState, schedule
     lost lately and its back-off is not over. The schedules path then offers none, and the
     rules' own decision stands (a schedule held back would hold their moves behind it)."""
     policy = settings.experiments
-    if policy is None or not policy.runs:
-        return None
+    if policy is None or not policy.runs or all(x.candidate_schedule is None for x in state.experiments):
+        return None  # no schedule ran on a canary: nothing to back off from (and no hash to compute)
     rendered = rendered_schedule(schedule.label, policy.spec)
     lost = _lost_lately(settings, state, policy.config_hash(rendered.max_k, rendered), float(math.floor(at)))
     return None if lost is None else _lost_text(*lost, float(math.floor(at)))

@@ -473,10 +473,14 @@ def cancel_reason(
     if not allowed:
         return f"spec.speculation no longer allows {running.candidate}"
     if running.candidate_schedule is not None:
+        # Imported here: the schedules path imports the canary's, which imports this module.
+        from specdecode.control.schedules import unsupported_reason
+
         if spec.autotune.schedules != api.ScheduleMode.AUTO:
             return f"spec.autotune.schedules is {spec.autotune.schedules.value}: no schedule is chosen"
-        if spec.speculation.per_batch_size_k:
-            return "speculation.perBatchSizeK is declared: the user's fixed table runs as declared"
+        unsupported = unsupported_reason(spec)
+        if unsupported is not None:
+            return unsupported
     return None
 
 

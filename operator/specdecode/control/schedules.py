@@ -373,7 +373,8 @@ def _maybe_adopt(
     # Every check must hold at today's acceptance and at its recent low (the proposal's):
     # a schedule that only pays while acceptance is low (a burst of hard text) is not one to
     # restart for, nor one that only pays while it is high.
-    futures = (acceptance, _positions(est.alpha, params.acceptance_decay, settings.max_k))
+    measured_positions = _positions(est.alpha, params.acceptance_decay, settings.max_k)
+    futures = (acceptance, measured_positions)
     alphas = (acceptance[0], est.alpha)
 
     def worst_loss(config: perfmodel.Config, reference: int, at: Sequence[tuple[float, float]]) -> float:
@@ -429,21 +430,22 @@ def _maybe_adopt(
                 f"K={state.k} at the batches seen ({_batches_text(batches)}); crossovers "
                 f"{_crossovers(proposal)}; load swings then need no restart"
             )
-        # What its canary can check: the model's word at the load it runs (`experiments.judge`).
+        # What its canary can check: the model's word at the load it runs (`experiments.judge`),
+        # at the acceptance measured now.
         here = [(est.batch_per_replica, 1.0)]
-        measured_positions = _positions(est.alpha, params.acceptance_decay, settings.max_k)
         predicted = (_per_token(params, schedule, here, context, measured_positions, prefill)
                      / _per_token(params, state.k, here, context, measured_positions, prefill) - 1.0)
+        replaced_scale = _clamped_scale(settings, state.k, est)
         adopted = replace(
             decision, action=Action.SET_K, enabled=True, k=schedule.max_k, reason=reason[:1024],
             rule=Rule.SCHEDULE, applied=not advise, held=None, wanted=None, schedule=schedule,
-            step_scale=_clamped_scale(settings, state.k, est), predicted_effect=stored(predicted),
+            step_scale=replaced_scale, predicted_effect=stored(predicted),
         )
         if advise:
             return adopted, ScheduleUpdate(note=f"recommended from batches {_batches_text(batches)} (Recommend mode)")
         return adopted, ScheduleUpdate(
             note=f"chosen from batches {_batches_text(batches)}",
-            replaced_k=state.k, replaced_scale=_clamped_scale(settings, state.k, est),
+            replaced_k=state.k, replaced_scale=replaced_scale,
         )
     return decision, ScheduleUpdate(note=("plain K: " + "; ".join(notes))[:512])
 
