@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
 from specdecode import api, timestamps
-from specdecode.control import evaluation, perfmodel, schedules
+from specdecode.control import evaluation, perfmodel, schedule_support, schedules
 from specdecode.control import state as cs
 from specdecode.control.decision import Action, Held, Rule
 from specdecode.control.estimates import PolicyObservations
@@ -444,15 +444,17 @@ def test_a_reconcile_keeps_the_schedule_the_loop_adopted():
 
 
 def _spec(version: str | None = None, method: str = "draft_model", *, replicas: int | None = None,
-          **speculation) -> api.SpecDecodeServiceSpec:
-    """K=3 with schedules on Auto; `version`, `replicas`: the spec's, when given."""
+          engine_args: list[str] | None = None, schedules: str = "Auto", **speculation) -> api.SpecDecodeServiceSpec:
+    """K=3 with schedules on Auto; `version`, `replicas`, `engine_args`: the spec's, when given."""
+    engine = {**({"version": version} if version is not None else {}),
+              **({"extraArgs": engine_args} if engine_args else {})}
     return api.parse_spec({
         "model": {"name": "m"},
         "speculation": {"method": method, **({"draftModel": "d"} if method == "draft_model" else {}),
                         "numSpeculativeTokens": 3, **speculation},
-        **({"engine": {"version": version}} if version is not None else {}),
+        **({"engine": engine} if engine else {}),
         **({"replicas": replicas} if replicas is not None else {}),
-        "autotune": {"schedules": "Auto"},
+        "autotune": {"schedules": schedules},
     })
 
 
@@ -466,11 +468,51 @@ def test_a_version_without_tables_keeps_plain_k_and_says_why():
 
 
 def test_suffix_on_033_and_a_declared_table_keep_plain_k():
-    assert "suffix" in schedules.unsupported_reason(_spec("0.33.0", "suffix"))
+    assert "suffix" in schedule_support.unsupported_reason(_spec("0.33.0", "suffix"))
     declared = _spec("0.33.0", perBatchSizeK=[{"minBatchSize": 1, "maxBatchSize": 8, "k": 3}])
-    assert "perBatchSizeK" in schedules.unsupported_reason(declared)
-    assert schedules.unsupported_reason(_spec("0.33.0")) is None
-    assert schedules.unsupported_reason(_spec("nightly")) is None
+    assert "perBatchSizeK" in schedule_support.unsupported_reason(declared)
+    assert schedule_support.unsupported_reason(_spec("0.33.0")) is None
+    assert schedule_support.unsupported_reason(_spec("nightly")) is None
+
+
+def test_a_schedule_in_effect_gives_way_to_the_plain_k_it_replaced_when_the_spec_can_no_longer_run_one():
+    """A user who moves the engine to a vLLM without tables (a rollback in an incident), onto
+    a data-parallel layout that drops them, or turns schedules Off, gets the plain K the
+    schedule replaced, rendered, with the reason; not a render error asking them to remove a
+    perBatchSizeK they never declared, which kept every child as it was."""
+    from specdecode import constants as C
+    from specdecode.control import status as cstatus
+    from specdecode.render.workload import render_all
+
+    schedule = Schedule(((1, 32, 6), (33, 1024, 2)))
+    cases = (
+        (_spec("0.23.0", replicas=2), "0.23.0"),
+        (_spec("0.33.0", replicas=2, engine_args=["--data-parallel-size", "2"]), "ignored"),
+        (_spec("0.33.0", replicas=2, schedules="Off"), "autotune.schedules is Off"),
+    )
+    for spec, why in cases:
+        status = api.SpecDecodeServiceStatus(speculation=api.EffectiveSpeculation(
+            enabled=True, method="draft_model", k=schedule.max_k, since=timestamps.rfc3339(NOW - 600),
+            cause="Policy", config_hash="hash", live=True, live_since=timestamps.rfc3339(NOW - 420),
+            spec_hash=cs.declared_speculation_hash(spec), schedule=schedule.label, schedule_replaced_k=4,
+            schedule_step_scale=1.0, reason="schedule adopted",
+        ))
+        choice, cause, reason = cs.choose(spec, status)
+        assert choice.per_batch_size is None and choice.k == 4, why
+        assert schedule.label in reason and why in reason and "K=4" in reason
+        service = api.parse_service({"apiVersion": C.API_VERSION, "kind": C.KIND,
+                                     "metadata": {"name": "llama", "namespace": "team-a"},
+                                     "spec": spec.model_dump(by_alias=True, exclude_none=True)})
+        render_all(service, choice)
+        live = cstatus.RolloutState(exists=True, desired=2, replicas=2, updated=2, ready=2, available=2,
+                                    observed=True, config_matches=True)
+        outcome = cstatus.ReconcileOutcome(rollout=live, choice=choice, choice_cause=cause, choice_reason=reason,
+                                           config_hash="h", method="draft_model", selector="x=y")
+        reconciled = cstatus.next_status(status, outcome, spec, 1, datetime.fromtimestamp(NOW, timezone.utc))
+        assert reconciled.speculation.schedule is None and reconciled.speculation.k == 4
+        assert reconciled.speculation.reason == reason
+        state = cs.from_status(reconciled, spec, datetime.fromtimestamp(NOW + 60, timezone.utc))
+        assert state.schedule is None and state.config == 4
 
 
 def test_schedules_off_change_nothing():

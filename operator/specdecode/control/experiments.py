@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Optional
 from specdecode import api, timestamps
 from specdecode.api import ExperimentRecord
 from specdecode.control.perfmodel import Schedule, ScheduleError
+from specdecode.control.schedule_support import blocked_reason
 from specdecode.render import workload
 
 if TYPE_CHECKING:
@@ -473,14 +474,7 @@ def cancel_reason(
     if not allowed:
         return f"spec.speculation no longer allows {running.candidate}"
     if running.candidate_schedule is not None:
-        # Imported here: the schedules path imports the canary's, which imports this module.
-        from specdecode.control.schedules import unsupported_reason
-
-        if spec.autotune.schedules != api.ScheduleMode.AUTO:
-            return f"spec.autotune.schedules is {spec.autotune.schedules.value}: no schedule is chosen"
-        unsupported = unsupported_reason(spec)
-        if unsupported is not None:
-            return unsupported
+        return blocked_reason(spec)
     return None
 
 

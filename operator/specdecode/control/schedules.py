@@ -73,6 +73,7 @@ from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
 from specdecode.control.memory import remember, stored
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
+from specdecode.control.schedule_support import unsupported_reason
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState, PlainBaseline, stored_batch, stored_point
 
@@ -159,27 +160,6 @@ def batch_memory(before: ControlState, batches: tuple[float, float], now: float)
     low = mean if before.batch_low is None else min(mean, before.batch_low + (mean - before.batch_low) * fraction)
     high = peak if before.batch_high is None else max(peak, before.batch_high + (peak - before.batch_high) * fraction)
     return low, high
-
-
-def unsupported_reason(spec: Any) -> str | None:
-    """Why this service cannot run a schedule the operator chooses (None: it can)."""
-    from specdecode.render import features, vllm_args
-
-    s, engine = spec.speculation, spec.engine
-    if s.per_batch_size_k:
-        return "speculation.perBatchSizeK is declared: the user's fixed table runs as declared"
-    version = engine.version
-    if vllm_args.release(version) is not None and not features.supports(features.PER_BATCH_SIZE_K_TABLE, version):
-        return (f"vLLM {version} has no num_speculative_tokens_per_batch_size (from "
-                f"{features.PER_BATCH_SIZE_K_TABLE.first_version}): plain K")
-    method = s.method.value if hasattr(s.method, "value") else str(s.method)
-    if vllm_args.release(version) is not None:
-        dropped = features.per_batch_size_table_dropped(
-            method, version, vllm_args.data_parallel_size(engine.extra_args)
-        )
-        if dropped:
-            return f"a per-batch-size K table would be ignored ({dropped}): plain K"
-    return None
 
 
 def consider(

@@ -146,7 +146,7 @@ class PolicySettings:
     """autotune.schedules Auto: the policy may choose per-batch-size K schedules."""
     schedules_unsupported: str | None = None
     """Why this service cannot run an operator-chosen schedule (version, method, a declared
-    table), None when it can (`control.schedules.unsupported_reason`)."""
+    table), None when it can (`schedule_support.unsupported_reason`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
@@ -181,7 +181,7 @@ class PolicySettings:
     ) -> "PolicySettings":
         """Settings from an `api.SpecDecodeServiceSpec` (durations parsed to seconds)."""
         from specdecode import api
-        from specdecode.control import metrics, schedules
+        from specdecode.control import metrics, schedule_support
 
         auto, spec_k = spec.autotune, spec.speculation
         window = api.parse_duration(auto.window)
@@ -221,5 +221,5 @@ class PolicySettings:
             tuning=tuning or PolicyTuning(),
             experiments=ExperimentPolicy.from_spec(spec),
             schedules=auto.schedules == api.ScheduleMode.AUTO,
-            schedules_unsupported=schedules.unsupported_reason(spec),
+            schedules_unsupported=schedule_support.unsupported_reason(spec),
         )

@@ -24,6 +24,7 @@ from specdecode.control.explain import label
 from specdecode.control.experiments import Experiment, rendered_schedule
 from specdecode.control.memory import HistoryEntry, history_from_status
 from specdecode.control.perfmodel import OFF, Schedule, ScheduleError
+from specdecode.control.schedule_support import blocked_reason
 from specdecode.render.workload import SpeculationChoice, initial_choice, stable_hash
 
 
@@ -181,6 +182,16 @@ def choose(
     schedule = schedule_of(earlier, spec) if earlier.enabled else None
     if schedule is not None:
         choice = SpeculationChoice(k=moved or None, per_batch_size=schedule.rows())
+    elif earlier.enabled and earlier.schedule:
+        blocked = blocked_reason(spec)
+        if blocked is not None:
+            # The user changed what may run (a vLLM without tables, a layout that ignores them,
+            # schedules Off): the operator's own table gives way, to the plain K it replaced (a
+            # revert returns there too), not to its largest K, which suits only small batches.
+            back = bounded(earlier.schedule_replaced_k or k, s.min_k, s.max_k, s.allow_disable,
+                           s.num_speculative_tokens)
+            return (SpeculationChoice(k=back or None), cause_of(earlier),
+                    f"the schedule {earlier.schedule} cannot run ({blocked}): {label(back)}, the plain K it replaced")
     return choice, cause_of(earlier), earlier.reason or default
 
 
@@ -188,10 +199,11 @@ def schedule_of(
     effective: Optional[api.EffectiveSpeculation], spec: api.SpecDecodeServiceSpec
 ) -> Schedule | None:
     """The operator's schedule in status.speculation, while the spec still lets it run
-    (autotune.schedules Auto, no declared perBatchSizeK, K within the schedule's)."""
+    (`schedule_support.blocked_reason`: autotune.schedules Auto, no declared perBatchSizeK, a
+    vLLM and layout that run tables) and K is the schedule's largest, within the bounds."""
     if effective is None or not effective.schedule or not effective.enabled:
         return None
-    if spec.autotune.schedules != api.ScheduleMode.AUTO or spec.speculation.per_batch_size_k:
+    if blocked_reason(spec) is not None:
         return None
     try:
         schedule = rendered_schedule(effective.schedule, spec)
