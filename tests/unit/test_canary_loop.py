@@ -482,6 +482,39 @@ def test_while_a_canary_borrows_a_replica_the_rules_judge_the_main_by_its_own_re
     assert serving_settings(PolicySettings.from_spec(surge), extra).replicas == 3  # the canary is extra
 
 
+def test_a_canary_starting_does_not_make_the_fast_fallback_restart_every_replica():
+    """While a capacity-neutral canary's pod starts, the main Deployment's two replicas carry
+    what three served: a short window that reads the load of a noisy minute there is no surge.
+    Without a canary the same windows leave K=3; during the start-up the fast fallback used
+    to turn speculation off on every replica (cancelling the experiment). A load that would
+    make it act at the service's three replicas still does."""
+    spec = make_spec(rollout={"maxSurge": 1})  # no extra replicas: the canary borrows one
+    settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
+    assert settings.experiments.plan.main_replicas(spec) == 2
+    change = Experiment(Purpose.CHANGE, "draft_model K=2", hash_of(spec, 2), hash_of(spec, 3),
+                        started_at=NOW - MINUTE, candidate_k=2)
+
+    def decide_at(short_rate: float, experiments: tuple = (change,), at: float = NOW):
+        state = cs.from_status(live_status(spec, 3, experiments=tuple(e.to_record() for e in experiments)),
+                               spec, _dt(at))
+        observed = PolicyObservations.of(observe(Workload(20, 1000, 300, 0, 0.8), 3, 300),
+                                         observe(Workload(short_rate, 1000, 300, 0, 0.8), 3, 75))
+        return step(settings, state, observed, at)
+
+    for rate in (36, 42):
+        quiet, _ = decide_at(rate, experiments=())
+        assert not quiet.changes
+        decision, after = decide_at(rate)
+        assert decision.rule is Rule.EXPERIMENT and not decision.changes, decision.reason
+        assert after.experiment is not None and after.enabled and after.k == 3
+    # Once the start-up and a guard window are over, the main's own replicas are the reading.
+    later, _ = decide_at(42, at=NOW + ROLLOUT_S + settings.guard_window_s)
+    assert later.rule is Rule.FAST_FALLBACK and later.changes
+    surge, after = decide_at(60)
+    assert surge.rule is Rule.FAST_FALLBACK and surge.applied and not surge.enabled
+    assert after.experiment is None and after.experiments[-1].outcome.verdict.value == "Cancelled"
+
+
 def test_a_promoted_reprobe_is_measured_not_on_trial():
     from specdecode.control.canary import promoted_lately
 

@@ -90,6 +90,17 @@ def serving_settings(settings: PolicySettings, state: ControlState) -> PolicySet
     return replace(settings, replicas=max(1, policy.plan.main_replicas(policy.spec)))
 
 
+def canary_starting(settings: PolicySettings, state: ControlState, now: float) -> bool:
+    """A capacity-neutral canary is starting, and the guard window still holds those minutes:
+    its borrowed replicas serve nothing until ``restart_s`` after the experiment began, so the
+    main Deployment's replicas carry the whole load for a while by construction, not because
+    the load rose."""
+    policy, running = settings.experiments, state.experiment
+    if running is None or policy is None or not policy.plan.borrows_replicas(policy.spec):
+        return False
+    return now < running.started_at + settings.restart_s + settings.guard_window_s
+
+
 def promoted_lately(state: ControlState) -> bool:
     """The running config was measured on a canary and promoted (the last change was that
     promotion): it is not on trial like a re-probe the model only predicted."""

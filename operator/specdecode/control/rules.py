@@ -36,7 +36,9 @@ Order of the rules (the first that applies decides):
      floor waits (an overloaded replica costs every request of those minutes; low
      acceptance costs some speed).
    - Fast fallback / probe abandonment: a smaller K or off predicted better by
-     ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial).
+     ``fast_fallback_margin`` (``probe_abandon_margin`` while a re-probe is on trial);
+     while a capacity-neutral canary starts, also at the load per replica once it serves
+     (the main Deployment's replicas carry the borrowed ones' share for those minutes).
    A collapse held back by the change budget does not end the evaluation: the rules below
    (the floor among them) still run.
 5. Enough data: the long window must lie entirely after the current config's warm-up, with
@@ -117,7 +119,7 @@ from typing import Mapping, Sequence
 
 from specdecode import constants
 from specdecode.api import AutotuneMode
-from specdecode.control.canary import promoted_lately
+from specdecode.control.canary import canary_starting, promoted_lately
 from specdecode.control.decision import (
     FLOOR_RULES, Action, Condition, ConfigPrediction, Decision, Held, Rule,
 )
@@ -636,7 +638,7 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
     target = max(lower, key=lambda k: (preds[k].score, -k))
     if preds[target].score >= cur.score * (1 + margin) and _robust(
         ctx, calibration, est, current, target, margin=0.0
-    ):
+    ) and not _canary_start_alone(ctx, est, current, target, margin):
         rule = Rule.PROBE_ABANDON if probing else Rule.FAST_FALLBACK
         what = "re-probe does not pay" if probing else "speculation hurts at this load"
         reason = (
@@ -645,6 +647,22 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
         )
         return _change(ctx, target, rule, reason, preds, flags, est, scale, guard=True)
     return None
+
+
+def _canary_start_alone(ctx: _Context, est: Estimate, current: int, target: int, margin: float) -> bool:
+    """Whether the fast fallback's case rests on a capacity-neutral canary's start alone
+    (`canary.canary_starting`): for those minutes the main Deployment's replicas carry the
+    borrowed ones' share, which the fallback would take for a load that rose for good and
+    answer with a restart of every replica, outlasting them. At the service's replicas (the
+    load per replica once the canary serves) ``target`` would not beat ``current`` by the
+    margin; a load that did rise still does."""
+    policy = ctx.settings.experiments
+    if policy is None or not canary_starting(ctx.settings, ctx.state, ctx.now):
+        return False
+    steady = replace(ctx, settings=replace(ctx.settings, replicas=policy.spec.replicas), _computed={})
+    calibration, _ = steady.calibrated(est)
+    preds = predict(calibration, est, (current, target), current, steady.settings)
+    return preds[target].score < preds[current].score * (1 + margin)
 
 
 def _corrected(observed: float | None, predicted_current: float, predicted_other: float) -> float:
