@@ -395,6 +395,15 @@ def test_no_calibration_at_a_load_the_replicas_left_serving_could_not_carry():
     results, status = drive(SPEC, live_status(SPEC, 3), 5, factor=1.0, workload=busy, step_factor=COSTLY)
     assert status.experiments == []
     assert {r.decision.rule for _, r in results} == {Rule.HOLD}
+    # The user learns that the model's ranking of speculation against off is unmeasured, why,
+    # and what lets the measurement run (an extra replica instead of a borrowed one).
+    reason = status.recommendation.reason
+    assert re.search(r"a Calibrate experiment is due but waits: K=3 runs at 1\.3\dx the step time", reason), reason
+    assert re.search(r"would carry \d+% of the [\d.]+ req/s they can", reason), reason
+    assert "spec.rollout.maxSurge >= 1 and spec.autotune.experiments.maxExtraReplicas >= 1" in reason
+    # At a load they carry, it starts instead of waiting.
+    started, _ = drive(SPEC, live_status(SPEC, 3), 1, factor=1.0, step_factor=COSTLY)
+    assert "waits" not in started[0][1].decision.reason and started[0][1].experiments_started
 
 
 def test_a_calibration_is_measured_once_and_kept_across_operator_restarts():

@@ -263,11 +263,16 @@ def _start_if_due(
         if state.config_hash is None:
             return decision, state  # the running config's pods cannot be told apart yet
         return _start(settings, policy, state, decision, purpose, candidate_k, at, schedule=schedule)
-    for purpose, why in ((Purpose.CONTROL, _control_due(settings, policy, state, decision, at)),
-                         (Purpose.CALIBRATE, _calibration_due(settings, policy, state, decision, observed, at))):
-        if why is not None:
-            assert policy is not None
-            return _start(settings, policy, state, decision, purpose, None, at, why)
+    control = _control_due(settings, policy, state, decision, at)
+    if control is not None:
+        assert policy is not None
+        return _start(settings, policy, state, decision, Purpose.CONTROL, None, at, control)
+    calibrate, waiting = _calibration_due(settings, policy, state, decision, observed, at)
+    if calibrate is not None:
+        assert policy is not None
+        return _start(settings, policy, state, decision, Purpose.CALIBRATE, None, at, calibrate)
+    if waiting is not None:
+        return replace(decision, reason=f"{decision.reason}; {waiting}"), state
     return decision, state
 
 
@@ -381,19 +386,21 @@ def _control_due(
 def _calibration_due(
     settings: PolicySettings, policy: Optional[ExperimentPolicy], state: ControlState, decision: Decision,
     observed: PolicyObservations, at: float,
-) -> Optional[str]:
-    """Why a Calibrate experiment (speculation off on the canary for one window) is due now;
-    None when it is not.
+) -> tuple[Optional[str], Optional[str]]:
+    """(why a Calibrate experiment (speculation off on the canary for one window) starts now,
+    why one that is due waits); (None, None) when none is due.
 
-    The running config's step time is well above the prior's (`PolicyTuning.split_scale_gap`)
-    and no experiment has measured speculation off beside speculation on (`memory.off_per_on`;
-    one that ended without measuring is tried again after reprobeInterval). The model scales
-    the config without the draft alike, and one config cannot tell a costly draft from a slow
-    target: the answer decides where speculation stops paying. Asked only when it costs little:
-    the replicas left serving carry the load while the canary starts, and speculation off could
-    keep the latency SLOs at this load at least under the reading most in its favour."""
+    Due when the running config's step time is well above the prior's
+    (`PolicyTuning.split_scale_gap`) and no experiment has measured speculation off beside
+    speculation on (`memory.off_per_on`; one that ended without measuring is tried again after
+    reprobeInterval). The model scales the config without the draft alike, and one config
+    cannot tell a costly draft from a slow target: the answer decides where speculation stops
+    paying. Started only when it costs little: the replicas left serving carry the load while
+    the canary starts, and speculation off could keep the latency SLOs at this load at least
+    under the reading most in its favour. Otherwise it waits, and the decision says so and what
+    would let it run: the model's ranking of speculation against off is unmeasured meanwhile."""
     if not _settled_on_speculation(settings, policy, state, decision):
-        return None
+        return None, None
     assert policy is not None
     # Only a step costlier than the prior's leaves the answer open: the model then makes
     # speculation off as much slower as the running config, the ranking most in speculation's
@@ -402,32 +409,39 @@ def _calibration_due(
     # it pays under the other reading as well.
     scale = decision.step_scale
     if scale is None or scale < 1.0 + settings.tuning.split_scale_gap:
-        return None
+        return None, None
     if off_per_on(state.experiments) is not None:
-        return None
+        return None, None
     if any(x.purpose is Purpose.CALIBRATE and x.ended_at is not None and at - x.ended_at < settings.reprobe_interval_s
            for x in state.experiments):
-        return None
+        return None, None
     predicted = {p.k: p for p in decision.predictions}
     current, off = predicted.get(state.config), predicted.get(OFF)
     window = observed.window if observed.available else None
     if current is None or off is None or window is None or window.idle:
-        return None
+        return None, None
+    due = f"{state.config_label} runs at {scale:.2f}x the step time of the model's prior"
+    waits = (f"a Calibrate experiment is due but waits: {due}, and only speculation off measured beside it "
+             "tells a costly draft from a slow target (where speculation stops paying depends on it)")
     rate = observed.highest_request_rate(settings)
     left = current.capacity_rps * policy.plan.main_replicas(policy.spec) / max(1, settings.replicas)
     if rate >= settings.tuning.restart_max_rollout_load * left:
-        return None
+        extra = ""
+        if policy.plan.borrows_replicas(policy.spec):
+            extra = (f"; with spec.rollout.maxSurge >= 1 and spec.autotune.experiments.maxExtraReplicas >= "
+                     f"{policy.plan.replicas} the canary would run beside them")
+        return None, (f"{waits}; at {rate:.2f} req/s the replicas left serving while its canary starts "
+                      f"would carry {rate / left:.0%} of the {left:.1f} req/s they can{extra}")
     # A canary that would break an SLO whatever the answer is not started for a measurement:
     # it would end AbortSLO, often before its window measured anything. At low load latency
     # is about proportional to the step time, so at the prior's cost (the reading most in its
     # favour) speculation off's P95 would be the model's over the scale.
     for predicted_p95, slo in ((off.e2e_p95_s, settings.slo_e2e_s), (off.tpot_p95_s, settings.slo_tpot_s)):
         if slo is not None and predicted_p95 / scale > slo:
-            return None
-    return (f"{state.config_label} runs at {scale:.2f}x the step time of the model's prior, and the running "
-            "config alone cannot tell whether the draft or the target costs more than the prior says (the "
-            "answer decides the load where speculation stops paying): measuring speculation off beside it for "
-            "one window")
+            return None, f"{waits}; speculation off would break the latency SLO at this load"
+    return (f"{due}, and the running config alone cannot tell whether the draft or the target costs more than "
+            "the prior says (the answer decides the load where speculation stops paying): measuring speculation "
+            "off beside it for one window"), None
 
 
 def _measured_reason(running: Experiment, incumbent: str) -> str:
