@@ -1252,7 +1252,10 @@ class Observations(StatusModel):
     )
     alpha_per_position: Optional[list[Optional[float]]] = Field(
         None,
-        description="Conditional acceptance at each draft position (null where a position had no trials).",
+        description="Conditional acceptance at each draft position: null where a position had no "
+        "trials, and past position 0 while a per-batch-size K schedule drafts different Ks (vLLM "
+        "counts accepted tokens per position, not drafted ones, so those positions' trials are "
+        "unknown; alpha is then position 0's rate).",
         max_length=32,
     )
     mean_accepted_length: Optional[float] = Field(None, description="Accepted tokens per draft.")

@@ -14,7 +14,7 @@ from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode as Mode
 from specdecode.control import estimates, hedge, memory, rules
 from specdecode.control import settings as control_settings
-from specdecode.control.decision import Action
+from specdecode.control.decision import Action, ConfigPrediction
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import HistoryEntry, history_entry
 from specdecode.control.settings import PolicySettings
@@ -968,3 +968,16 @@ def test_a_longer_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
 def test_shortest_near_best(scores, current, expected):
     best = max(scores, key=scores.get)
     assert rules.shortest_near_best(scores, best, current, 0.05) == expected
+
+
+def test_a_config_that_falls_behind_its_load_is_infinitely_behind_the_fastest():
+    """A narrow check of an error path: at a shifted acceptance the config the long window
+    chose may score 0 (its queue grows without end) while another keeps up. The comparison
+    of the two readings divided by that 0 and the evaluation failed; it now reads as
+    infinitely slower (the hold then says it falls behind its load)."""
+    def prediction(k: int, score: float) -> ConfigPrediction:
+        return ConfigPrediction(k, 1.0, 2.0, 0.02, 0.03, 100.0, 10.0, score, 1.0)
+
+    shifted = {OFF: prediction(OFF, 0.0), 1: prediction(1, 1.0), 2: prediction(2, 0.0)}
+    assert rules._regret(shifted, OFF) == math.inf
+    assert rules._regret(shifted, 1) == 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
@@ -115,6 +116,30 @@ def test_a_surge_past_the_crossover_and_back_under_a_schedule_makes_no_change():
         assert not decision.changes, (rate, decision.rule, decision.reason)
     assert state.schedule == SCHEDULE
     assert state.since == NOW - 7200
+
+
+TWO_KS = Schedule(((1, 16, 4), (17, 1024, 2)))
+"""Drafts of two lengths: vLLM counts accepted tokens per position, not drafted ones, so past
+position 0 a position's trials are unknown once the batch runs in both ranges."""
+
+
+def test_a_schedule_drafting_two_ks_reads_the_same_acceptance_at_every_load():
+    """6 -> 30 -> 6 req/s under K 4 up to a batch of 16 and K 2 above, acceptance 0.8 all
+    along. Read as if every draft were 4 tokens long, positions 3 and 4 (drafted only by the
+    calm's few steps) looked rejected: acceptance read 0.3 at the peak, under the floor, and
+    speculation went off on every replica."""
+    settings, state = auto(), under_schedule(TWO_KS)
+    for i, rate in enumerate([6, 12, 20, 30, 30, 20, 12, 6]):
+        now = NOW + 60.0 * i
+        observed = both(workload(rate), TWO_KS, now=now)
+        decision, state = step(settings, state, observed, now)
+        assert not decision.changes, (rate, decision.rule, decision.reason)
+        assert abs(decision.alpha - 0.8) < 0.01, (rate, decision.alpha)
+        positions = observed.window.speculation.alpha_per_position
+        assert positions[0] == pytest.approx(0.8)
+        if observed.window.speculation.draft_tokens < 4 * observed.window.speculation.drafts * 0.99:
+            assert positions[1:] == (None, None, None), "past position 0 the counters do not say"
+    assert state.schedule == TWO_KS
 
 
 @hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -116,7 +116,7 @@ def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
     if spec is not None and spec.alpha is not None:
         pooled = spec.alpha
         stderr = binomial_stderr(pooled, spec.alpha_trials, tuning.overdispersion)
-        alpha, decay = fit_acceptance(spec.drafts, spec.accepted_per_position, tuning)
+        alpha, decay = fit_acceptance(spec.drafts, spec.known_positions, tuning)
         if alpha is None:
             alpha = pooled
     return Estimate(

@@ -262,6 +262,12 @@ QueryResults = Mapping[str, Sequence[VectorSample]]
 """Results of one scope's plan, by query name."""
 
 
+_LENGTH_TOLERANCE = 0.005
+"""Relative shortfall of drafted tokens under drafts x K that still reads as full-length drafts:
+both counters' increases are extrapolated over the same samples, so a plain K's ratio is K to
+far better than this."""
+
+
 @dataclass(frozen=True)
 class SpeculationCounts:
     """Spec-decode counter increases over the window, and what they imply."""
@@ -282,21 +288,40 @@ class SpeculationCounts:
         return self.accepted_tokens / self.drafts if self.drafts > 0 else None
 
     @property
+    def full_length_drafts(self) -> bool:
+        """Every draft proposed all ``k`` positions, as under a plain K. Under a per-batch-size
+        K schedule whose ranges draft different Ks the drafts differ in length: vLLM counts
+        accepted tokens per position but not drafted ones (its per-position draft counts stay
+        inside the engine, 0.33), so past position 0 nobody knows how many drafts reached a
+        position, and dividing by the accepted tokens of the one before would count the short
+        drafts' missing positions as rejections."""
+        return self.draft_tokens >= self.drafts * self.k * (1.0 - _LENGTH_TOLERANCE)
+
+    @property
+    def known_positions(self) -> tuple[float, ...]:
+        """``accepted_per_position`` at the positions whose trials are known: all of them for
+        full-length drafts, else position 0 (every draft has one; its trials are the drafts)."""
+        return self.accepted_per_position if self.full_length_drafts else self.accepted_per_position[:1]
+
+    @property
     def alpha_per_position(self) -> tuple[float | None, ...]:
-        """alpha_i = accepted_per_pos[i] / accepted_per_pos[i-1], position -1 = drafts."""
+        """alpha_i = accepted_per_pos[i] / accepted_per_pos[i-1], position -1 = drafts; None
+        where a position had no trials or its trials are unknown (`full_length_drafts`)."""
         out: list[float | None] = []
         previous = self.drafts
-        for accepted in self.accepted_per_position:
+        for accepted in self.known_positions:
             out.append(_clamp01(accepted / previous) if previous > 0 else None)
             previous = accepted
-        return tuple(out)
+        return tuple(out) + (None,) * (self.k - len(out))
 
     @property
     def alpha_trials(self) -> float:
-        """Token positions examined: drafts plus every accepted position but the last."""
-        if not self.accepted_per_position:
+        """Token positions examined: drafts plus every accepted position but the last (of the
+        known ones)."""
+        known = self.known_positions
+        if not known:
             return 0.0
-        return self.drafts + math.fsum(self.accepted_per_position[:-1])
+        return self.drafts + math.fsum(known[:-1])
 
     @property
     def alpha(self) -> float | None:
@@ -304,7 +329,7 @@ class SpeculationCounts:
         trials = self.alpha_trials
         if trials <= 0:
             return None
-        return _clamp01(math.fsum(self.accepted_per_position) / trials)
+        return _clamp01(math.fsum(self.known_positions) / trials)
 
     @property
     def k(self) -> int:

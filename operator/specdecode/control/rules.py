@@ -544,8 +544,15 @@ def _alpha_shift(ctx: _Context, est: Estimate) -> float | None:
 
 
 def _regret(preds: Mapping[int, ConfigPrediction], k: int) -> float:
-    """How much slower ``k`` is predicted than the fastest config (0: it is the fastest)."""
+    """How much slower ``k`` is predicted than the fastest config (0: it is the fastest; inf:
+    it scores 0, a queue that grows without end)."""
+    if preds[k].score <= 0:
+        return math.inf
     return max(p.score for p in preds.values()) / preds[k].score - 1.0
+
+
+def _slower_text(regret: float) -> str:
+    return f"{fmt_pct(regret)} slower" if math.isfinite(regret) else "falling behind its load, unlike"
 
 
 def _slo_breach(what: str, p95: float | None, at_least: float | None, slo: float | None) -> str:
@@ -956,7 +963,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         return hold(
             f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance is moving ({shift:.2f} on "
             f"the {fmt_s(s.guard_window_s)} window against {est.alpha:.2f} on the {fmt_s(s.window_s)} one) "
-            f"and at {shift:.2f} {label(best)} would be {fmt_pct(_regret(at_shift, best))} slower than "
+            f"and at {shift:.2f} {label(best)} would be {_slower_text(_regret(at_shift, best))} than "
             f"{label(fastest)}: keeping {label(current)} until the long window has caught up {context}"
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
