@@ -92,6 +92,27 @@ def test_the_canary_pods_carry_the_candidates_hash_and_their_own_share_of_reques
     assert canary.pods == main.pods == 1
 
 
+def test_a_pod_deleted_on_the_data_of_its_last_scrape_leaves_the_pod_count():
+    """The policy decides on a scrape's data and the rollout deletes a pod at that instant:
+    Prometheus marks its series stale after that last sample (at its next scrape), so it is
+    no longer one of the config's pods. A marker at the very instant of the last sample hid
+    nothing, and the main Deployment read two pods for five minutes while one served."""
+    scenario = _scenario()
+    fleet = telemetry.Fleet("steady", "draft_model", scenario.params, 1, 900.0, 0.15)
+    fleet.start(0, 3)
+    fleet.start(1, 3)
+    workload = scenario.phases[0].workload()
+    for i in range(1, 21):
+        fleet.advance(15.0, workload)
+        fleet.scrape(15.0 * i)
+    fleet.stop(1, 300.0)
+    for i in range(21, 25):
+        fleet.advance(15.0, workload)
+        fleet.scrape(15.0 * i)
+    main = telemetry.current_observation(fleet.observe(run.QueryScope.of(300.0), 360.0), "steady", 3)
+    assert main.pods == 1
+
+
 def _run(changes=(), spans=()) -> run.PolicyRun:
     return run.PolicyRun(schedule=[], changes=list(changes), experiments=list(spans))
 

@@ -80,7 +80,8 @@ def full_results(alpha: float = 0.8, k: int = 3, drafts: float = 1000.0) -> dict
         "generation_tokens": vec(20000.0),
         "prompt_tokens": vec(50000.0),
         "preemptions": vec(3.0),
-        "running": vec(12.0),
+        "running_sum": vec(720.0),  # 120 samples of the two pods, 6 running in each
+        "running_samples": vec(120.0),
         "waiting": vec(0.5),
         "kv_cache_usage": vec(0.4),
         "newest_sample": vec(995.0),
@@ -125,11 +126,12 @@ class TestQueryPlan:
     def test_rendered_gauge_and_timestamp_queries(self):
         scope = QueryScope.of(7.5)
         texts = {q.spec.name: q.text for q in build_query_plan(scope)}
-        assert texts["running"] == (
+        assert texts["running_sum"] == (
             f"sum by (namespace, {SVC}, {HASH}) "
-            f'(avg_over_time(vllm:num_requests_running{{{SVC}!=""}}[7500ms])'
-            f' or avg_over_time(vllm_num_requests_running{{{SVC}!=""}}[7500ms]))'
+            f'(sum_over_time(vllm:num_requests_running{{{SVC}!=""}}[7500ms])'
+            f' or sum_over_time(vllm_num_requests_running{{{SVC}!=""}}[7500ms]))'
         )
+        assert texts["running_samples"].startswith(f"sum by (namespace, {SVC}, {HASH}) (count_over_time(")
         assert texts["newest_sample"].startswith("max by (")
         assert "timestamp(vllm:num_requests_running" in texts["newest_sample"]
         assert " or timestamp(vllm_num_requests_running" in texts["newest_sample"]
@@ -233,7 +235,7 @@ class TestObservations:
     def test_nan_values_are_ignored(self):
         results = full_results()
         results["e2e_sum"] = vec(math.nan)
-        results["running"] = vec(math.nan)
+        results["running_sum"] = vec(math.nan)
         obs = build_observations(results, window_s=100, evaluated_at=1000)[KEY]
         assert obs.e2e_mean_s is None and obs.running is None
 
@@ -363,6 +365,23 @@ class TestEmulatedPlan:
         assert mixed[old].speculation.alpha == pytest.approx(0.2)
         assert mixed[old].newest_sample_at is None  # stale: the pod is gone
         assert mixed[KEY].speculation.k == 2
+
+    def test_a_pod_that_left_inside_the_window_weighs_by_the_time_it_served(self):
+        """A canary borrows one of two replicas at 1100; the one left carries the whole load,
+        its batch going from 4 to 8. Over the 200-second window a serving pod ran
+        (20 x 4 + 20 x 8 + 20 x 4) / 60 = 5.33 on average. Prometheus keeps the borrowed pod's
+        samples in range after its staleness marker, so a sum of per-pod means over the one
+        pod serving now read 6 + 4 = 10, nearly twice the batch, for five minutes."""
+        scope = QueryScope.of(200)
+        left = pod_series(KEY, "b", self.TIMES[:20], alpha=0.7, k=3, drafts_per_s=10, stale_at=1100)
+        stayed = pod_series(KEY, "a", self.TIMES, alpha=0.7, k=3, drafts_per_s=10)
+        stayed = [s for s in stayed if s.name != N.RUNNING] + [RawSeries(
+            {"__name__": N.RUNNING, "namespace": KEY.namespace, SVC: KEY.service, HASH: KEY.config_hash, "pod": "a"},
+            [(t, 4.0 if t < 1100 else 8.0) for t in self.TIMES],
+        )]
+        obs = metrics.observe_series(scope, left + stayed, at=1195.0)[KEY]
+        assert obs.pods == 1
+        assert obs.batch_per_pod == pytest.approx(320.0 / 60.0)
 
     @staticmethod
     def escaped(series: list[RawSeries]) -> list[RawSeries]:

@@ -113,8 +113,9 @@ class QuerySpec:
     """One query of the plan, described structurally so that it can be rendered as PromQL
     and emulated on raw series alike.
 
-    ``function``: ``increase`` (counters), ``avg_over_time`` (gauges over the window),
-    ``timestamp`` (time of the newest sample), ``value`` (the instant value).
+    ``function``: ``increase`` (counters), ``avg_over_time``, ``max_over_time``,
+    ``sum_over_time`` and ``count_over_time`` (gauges over the window), ``timestamp`` (time
+    of the newest sample), ``value`` (the instant value).
     ``aggregation``: ``sum``, ``avg``, ``max`` or ``count`` across pods.
 
     Each query matches the metric under both of its stored names (`spellings_of`) in one
@@ -143,7 +144,7 @@ class QuerySpec:
         window = promql.format_duration(scope.window_s)
         if self.function == "value":
             inner = " or ".join(f"{name}{{{matchers}}}" for name in self.names)
-        elif self.function in ("increase", "avg_over_time", "max_over_time"):
+        elif self.function in RANGE_FUNCTIONS:
             inner = " or ".join(f"{self.function}({name}{{{matchers}}}[{window}])" for name in self.names)
         elif self.function == "timestamp":
             inner = " or ".join(f"timestamp({name}{{{matchers}}})" for name in self.names)
@@ -151,6 +152,10 @@ class QuerySpec:
             raise ValueError(f"unknown query function {self.function!r}")
         by = ", ".join(GROUP_LABELS + self.extra_by)
         return f"{self.aggregation} by ({by}) ({inner})"
+
+
+RANGE_FUNCTIONS = ("increase", "avg_over_time", "max_over_time", "sum_over_time", "count_over_time")
+"""Query functions over a range of samples (``f(metric[window])``)."""
 
 
 def _counter(name: str, metric: str, *extra_by: str) -> QuerySpec:
@@ -173,7 +178,12 @@ QUERY_SPECS: tuple[QuerySpec, ...] = (
     _counter("generation_tokens", N.total(N.GENERATION_TOKENS)),
     _counter("prompt_tokens", N.total(N.PROMPT_TOKENS)),
     _counter("preemptions", N.total(N.PREEMPTIONS)),
-    QuerySpec("running", N.RUNNING, "avg_over_time", "sum"),
+    # The running batch per pod over the window, each pod sample once (sum / count): a pod
+    # that left inside the window (a canary borrowing a replica, a rollout) weighs by the time
+    # it served, where a sum of per-pod means would count it as a whole pod beside the live
+    # ones (Prometheus keeps its samples in range after the staleness marker).
+    QuerySpec("running_sum", N.RUNNING, "sum_over_time", "sum"),
+    QuerySpec("running_samples", N.RUNNING, "count_over_time", "sum"),
     QuerySpec("waiting", N.WAITING, "avg_over_time", "sum"),
     # The largest running batch of any one pod in the window: the top of the batch range a
     # per-batch-size K schedule must serve (`control.schedules`).
@@ -361,7 +371,8 @@ class Observation:
     steps: float
     """inter-token latency observations: one per running request per engine step."""
     running: float | None
-    """Mean number of running requests over the window, summed over pods."""
+    """Running requests over the window, summed over the pods serving now: the mean per pod
+    sample (a pod that left inside the window weighs by the samples it gave) times ``pods``."""
     waiting: float | None
     kv_cache_usage: float | None
     """Mean KV-cache usage (0..1) over the window and the pods."""
@@ -464,6 +475,14 @@ class Observation:
                 }
             )
         return {k: v for k, v in fields.items() if v is not None}
+
+
+def _running(total: float | None, samples: float | None, pods: int) -> float | None:
+    """Running requests summed over the pods serving now: the window's mean per pod sample
+    times the pods (`Observation.batch_per_pod` divides them again)."""
+    if total is None or not samples or pods <= 0:
+        return None
+    return total / samples * pods
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -632,7 +651,7 @@ def build_observations(
             tpot_mean_s=_mean(get("tpot_sum", key), get("tpot_count", key)),
             step_time_mean_s=_mean(get("itl_sum", key), itl_count),
             steps=max(itl_count or 0.0, 0.0),
-            running=get("running", key),
+            running=_running(get("running_sum", key), get("running_samples", key), int(sum(pods_seen.values()))),
             waiting=get("waiting", key),
             kv_cache_usage=get("kv_cache_usage", key),
             preemption_rate=per_second("preemptions"),
@@ -693,6 +712,10 @@ def _series_value(
         return promql.avg_over_time(series.samples, at, window_s, rules)
     if spec.function == "max_over_time":
         return promql.max_over_time(series.samples, at, window_s, rules)
+    if spec.function == "sum_over_time":
+        return promql.sum_over_time(series.samples, at, window_s, rules)
+    if spec.function == "count_over_time":
+        return promql.count_over_time(series.samples, at, window_s, rules)
     sample = promql.instant_sample(series.samples, at, rules, series.stale_at)
     if sample is None:
         return None

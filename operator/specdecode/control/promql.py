@@ -218,6 +218,26 @@ def avg_over_time(
     return math.fsum(v for _, v in selected) / len(selected)
 
 
+def sum_over_time(
+    samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
+) -> float | None:
+    """``sum_over_time(gauge[range_s])``."""
+    selected = select_range(samples, at, range_s, rules)
+    if not selected:
+        return None
+    return math.fsum(v for _, v in selected)
+
+
+def count_over_time(
+    samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
+) -> float | None:
+    """``count_over_time(gauge[range_s])``: the samples in range."""
+    selected = select_range(samples, at, range_s, rules)
+    if not selected:
+        return None
+    return float(len(selected))
+
+
 def max_over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
 ) -> float | None:

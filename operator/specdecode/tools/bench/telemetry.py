@@ -28,6 +28,8 @@ from specdecode.tools.sim import exposition as x
 NAMESPACE = "bench"
 MODEL_NAME = "model"
 RULES = promql.PROMETHEUS_3
+STALE_AFTER_S = 0.001
+"""How long after its last sample a deleted pod's series is marked stale, at the least."""
 
 
 def config_hash(config: Config) -> str:
@@ -132,7 +134,10 @@ class Fleet:
         if pod is None:
             return
         for key, series in pod.series.items():
-            stale = RawSeries(series.labels, series.samples, at)
+            # Prometheus writes the staleness marker after the target's last scrape; a pod
+            # deleted by a decision taken on that scrape's data is gone just after it.
+            last = series.samples[-1][0] if series.samples else at
+            stale = RawSeries(series.labels, series.samples, max(at, last + STALE_AFTER_S))
             bucket = self._by_metric[series.name]
             for i, item in enumerate(bucket):
                 if item is series:
