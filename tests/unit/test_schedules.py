@@ -16,7 +16,7 @@ from specdecode import api, timestamps
 from specdecode.control import evaluation, perfmodel, schedule_support, schedules
 from specdecode.control import state as cs
 from specdecode.control.decision import Action, Held, Rule
-from specdecode.control.estimates import PolicyObservations
+from specdecode.control.estimates import PolicyObservations, scaled_params
 from specdecode.control.experiments import Experiment, Purpose
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import EngineParams, Schedule, Workload
@@ -790,3 +790,44 @@ def test_off_mode_chooses_no_schedule_and_says_so():
     decision, after = step(settings, state, both(workload(30), 3), NOW)
     assert decision.schedule is None and after.schedule is None
     assert after.schedule_note == "autotune mode Off: no schedule is chosen"
+
+
+# --- robustness ---------------------------------------------------------------------------------
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    config=st.sampled_from((perfmodel.OFF, 1, 3, 6, SCHEDULE, TWO_KS)),
+    method=st.sampled_from(("draft_model", "eagle", "ngram")),
+    rates=st.tuples(st.floats(0.2, 90.0), st.floats(0.2, 90.0)),
+    alphas=st.tuples(st.floats(0.02, 0.97), st.floats(0.02, 0.97)),
+    scale=st.floats(0.4, 3.0),
+    replicas=st.sampled_from((1, 2, 4)),
+    max_surge=st.sampled_from((0, 1)),
+    slo_tpot=st.sampled_from((0.01, 0.05, 0.5)),
+    recent_low=st.none() | st.floats(0.02, 0.97),
+)
+def test_the_control_step_decides_whatever_the_windows_read(
+    config, method, rates, alphas, scale, replicas, max_surge, slo_tpot, recent_low,
+):
+    """Any load, any acceptance on either window (a shift, a collapse, a surge past every
+    config's capacity), any engine speed against the prior, any replicas, rollout surge and
+    SLO, under plain K, off or a schedule: the step decides, within the bounds, and says why.
+    (An acceptance shift at a load the chosen config could not serve once failed the
+    evaluation with a division by its score.)"""
+    settings = auto(method=method, replicas=replicas, max_surge=max_surge, slo_tpot_s=slo_tpot)
+    truth = replace(scaled_params(EngineParams.for_method(method), scale, None), replicas=replicas)
+    if isinstance(config, Schedule):
+        state = under_schedule(config, ready_replicas=replicas, recent_low_alpha=recent_low)
+    else:
+        state = ControlState(enabled=config > 0, k=config or None, since=NOW - 7200, live_since=NOW - 7000,
+                             ready_replicas=replicas, recent_low_alpha=recent_low)
+    observed = PolicyObservations.of(
+        observe(workload(rates[0], alphas[0]), config, 300, params=truth),
+        observe(workload(rates[1], alphas[1]), config, 75, params=truth),
+    )
+    decision, after = step(settings, state, observed, NOW)
+    assert decision.reason
+    if decision.enabled:
+        assert settings.min_k <= decision.k <= settings.max_k, decision.reason
+    assert after.enabled == decision.enabled
