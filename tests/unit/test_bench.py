@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from specdecode import cli
-from specdecode.tools.bench import engine, run, suite
+from specdecode.tools.bench import engine, generated, run, suite
+from specdecode.control import perfmodel
 from specdecode.control.perfmodel import OFF
 from specdecode.control.decision import Held
 from specdecode.tools.scenario import benchmark_suite, builtin_scenario_path, load_scenario, parse_scenario
@@ -360,3 +361,45 @@ def test_the_benchmark_names_rules_by_the_policys_enum(tmp_path):
     assert all(isinstance(rule, pol.Rule) for rule in result.rules)
     fallback = next(c for c in result.changes if c.time >= 30 * 60)
     assert fallback.rule in pol.FALLBACK_RULES
+
+
+# --- generated scenarios ---------------------------------------------------------------------
+
+
+def test_generated_scenarios_are_reproducible_valid_and_loaded_against_their_own_capacity():
+    """The same seed draws the same scenarios, another seed others; every one is a valid,
+    held-back scenario whose load is the stated share of what the truth itself can carry."""
+    documents = generated.generate(7, 8)
+    assert documents == generated.generate(7, 8)
+    assert documents != generated.generate(8, 8)
+    kinds = [doc["name"].rsplit("-", 1)[1] for doc in documents]
+    assert kinds == ["stationary", "swing"] * 4
+    for doc in documents:
+        scenario = parse_scenario(doc, doc["name"])
+        assert scenario.held_back and scenario.method in generated.METHODS
+        first = scenario.phases[0]
+        probe = perfmodel.Workload(1.0, first.prompt_tokens, first.output_tokens, 0.0, first.acceptance)
+        capacity = max(perfmodel.steady_state(scenario.params, probe, k).capacity_rps for k in generated.CONFIGS)
+        rates = [phase.request_rate / capacity for phase in scenario.phases]
+        if doc["name"].endswith("stationary"):
+            assert len(rates) == 1 and generated.STATIONARY_LOAD[0] - 0.01 <= rates[0] <= generated.STATIONARY_LOAD[1] + 0.01
+        else:
+            low, high, back = rates
+            assert low == pytest.approx(back) and low < high <= generated.SWING_HIGH[1] + 0.01
+    assert any("step_table" in doc["model"] for doc in generated.generate(1, 24))
+
+
+def test_bench_policy_runs_generated_scenarios_and_keeps_them_beside_the_results(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli.main(["bench", "policy", "--generated", "1", "--generated-seed", "3", "--json", "--no-plots",
+                     "--out", str(out), "--jobs", "1"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in data["scenarios"]] == ["gen-3-00-stationary"]
+    written = yaml.safe_load((out / "generated" / "gen-3-00-stationary.yaml").read_text())
+    assert written == generated.generate(3, 1)[0]
+
+
+def test_bench_policy_refuses_a_negative_number_of_generated_scenarios(capsys):
+    assert cli.main(["bench", "policy", "--generated", "-2"]) == 2
+    assert "--generated must be 0 or more" in capsys.readouterr().err

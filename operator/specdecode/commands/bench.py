@@ -28,6 +28,13 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "--scenario", action="append", default=[], metavar="FILE",
         help="a scenario file or a shipped scenario's name (repeatable; default: the suite)",
     )
+    p.add_argument(
+        "--generated", type=int, default=0, metavar="N",
+        help="also run N scenarios drawn from --generated-seed (held back by construction: stationary "
+        "and load swings, written to DIR/generated/); without --scenario, only those",
+    )
+    p.add_argument("--generated-seed", type=int, default=1, metavar="S",
+                   help="seed of the generated scenarios (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON on stdout")
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="directory for the CSV, the JSON and one PNG per scenario (default: %(default)s)")
@@ -90,8 +97,10 @@ def run_bench_policy(args: argparse.Namespace) -> int:
     from ..tools.bench import report, suite
     from ..tools.scenario import ScenarioError, benchmark_suite, load_scenario
 
+    if args.generated < 0:
+        raise UserError("--generated must be 0 or more (the number of scenarios to draw)")
     paths: list[str] = []
-    for item in args.scenario or [str(p) for p in benchmark_suite()]:
+    for item in args.scenario or ([] if args.generated else [str(p) for p in benchmark_suite()]):
         try:
             load_scenario(item)  # fail early, with the file and the field named
         except ScenarioError as err:
@@ -104,6 +113,11 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         paths.append(str(path))
     if args.jobs is not None and args.jobs < 1:
         raise UserError("--jobs must be at least 1")
+    if args.generated:
+        from ..tools.bench import generated
+
+        documents = generated.generate(args.generated_seed, args.generated)
+        paths += [str(path) for path in generated.write(documents, Path(args.out) / "generated")]
 
     err_console = Console(stderr=True)
     with Progress(
