@@ -304,7 +304,8 @@ class SpeculationCounts:
         accepted tokens per position but not drafted ones (its per-position draft counts stay
         inside the engine, 0.33), so past position 0 nobody knows how many drafts reached a
         position, and dividing by the accepted tokens of the one before would count the short
-        drafts' missing positions as rejections."""
+        drafts' missing positions as rejections. n-gram drafts run short too, near the end of a
+        context (vLLM proposes the tokens after the match, at most K)."""
         return self.draft_tokens >= self.drafts * self.k * (1.0 - _LENGTH_TOLERANCE)
 
     @property
