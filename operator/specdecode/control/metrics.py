@@ -144,7 +144,7 @@ class QuerySpec:
         window = promql.format_duration(scope.window_s)
         if self.function == "value":
             inner = " or ".join(f"{name}{{{matchers}}}" for name in self.names)
-        elif self.function in RANGE_FUNCTIONS:
+        elif self.function in promql.RANGE_FUNCTIONS:
             inner = " or ".join(f"{self.function}({name}{{{matchers}}}[{window}])" for name in self.names)
         elif self.function == "timestamp":
             inner = " or ".join(f"timestamp({name}{{{matchers}}})" for name in self.names)
@@ -152,10 +152,6 @@ class QuerySpec:
             raise ValueError(f"unknown query function {self.function!r}")
         by = ", ".join(GROUP_LABELS + self.extra_by)
         return f"{self.aggregation} by ({by}) ({inner})"
-
-
-RANGE_FUNCTIONS = ("increase", "avg_over_time", "max_over_time", "sum_over_time", "count_over_time")
-"""Query functions over a range of samples (``f(metric[window])``)."""
 
 
 def _counter(name: str, metric: str, *extra_by: str) -> QuerySpec:
@@ -629,6 +625,7 @@ def build_observations(
         e2e_count = get("e2e_count", key)
         requests = max(e2e_count or 0.0, 0.0)
         pods_seen = pods_by_name.get(key, {})
+        pods = int(sum(pods_seen.values()))
         itl_count = get("itl_count", key)
         # Parsed once: the P95s and the confidence in them (`confident_quantile`) read them.
         e2e_histogram = tuple(_buckets(e2e_buckets.get(key))) if requests > 0 else ()
@@ -643,7 +640,7 @@ def build_observations(
             window_s=window_s,
             evaluated_at=evaluated_at,
             newest_sample_at=get("newest_sample", key),
-            pods=int(sum(pods_seen.values())),
+            pods=pods,
             speculation=speculation,
             requests=requests,
             e2e_p95_s=_quantile(e2e_histogram),
@@ -652,7 +649,7 @@ def build_observations(
             tpot_mean_s=_mean(get("tpot_sum", key), get("tpot_count", key)),
             step_time_mean_s=_mean(get("itl_sum", key), itl_count),
             steps=max(itl_count or 0.0, 0.0),
-            running=_running(get("running_sum", key), get("running_samples", key), int(sum(pods_seen.values()))),
+            running=_running(get("running_sum", key), get("running_samples", key), pods),
             waiting=get("waiting", key),
             kv_cache_usage=get("kv_cache_usage", key),
             preemption_rate=per_second("preemptions"),
@@ -707,16 +704,9 @@ def _matches(series: RawSeries, names: tuple[str, ...], scope: QueryScope) -> bo
 def _series_value(
     spec: QuerySpec, series: RawSeries, at: float, window_s: float, rules: PromQLRules
 ) -> float | None:
-    if spec.function == "increase":
-        return promql.increase(series.samples, at, window_s, rules)
-    if spec.function == "avg_over_time":
-        return promql.avg_over_time(series.samples, at, window_s, rules)
-    if spec.function == "max_over_time":
-        return promql.max_over_time(series.samples, at, window_s, rules)
-    if spec.function == "sum_over_time":
-        return promql.sum_over_time(series.samples, at, window_s, rules)
-    if spec.function == "count_over_time":
-        return promql.count_over_time(series.samples, at, window_s, rules)
+    over_range = promql.RANGE_FUNCTIONS.get(spec.function)
+    if over_range is not None:
+        return over_range(series.samples, at, window_s, rules)
     sample = promql.instant_sample(series.samples, at, rules, series.stale_at)
     if sample is None:
         return None

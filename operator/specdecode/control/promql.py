@@ -47,7 +47,7 @@ import bisect
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 Sample = tuple[float, float]
 """One stored sample: (timestamp in seconds since the epoch, value)."""
@@ -208,44 +208,51 @@ def rate(
     return extrapolated_change(selected, start, at, is_counter=True, is_rate=True, rules=rules)
 
 
+def _over_time(
+    samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules,
+    reduce: Callable[[list[float]], float],
+) -> float | None:
+    """``reduce`` of the values in range; None when the range holds no sample."""
+    values = [v for _, v in select_range(samples, at, range_s, rules)]
+    return reduce(values) if values else None
+
+
 def avg_over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
 ) -> float | None:
     """``avg_over_time(gauge[range_s])``: the plain mean of the samples in range."""
-    selected = select_range(samples, at, range_s, rules)
-    if not selected:
-        return None
-    return math.fsum(v for _, v in selected) / len(selected)
+    return _over_time(samples, at, range_s, rules, lambda values: math.fsum(values) / len(values))
 
 
 def sum_over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
 ) -> float | None:
     """``sum_over_time(gauge[range_s])``."""
-    selected = select_range(samples, at, range_s, rules)
-    if not selected:
-        return None
-    return math.fsum(v for _, v in selected)
+    return _over_time(samples, at, range_s, rules, math.fsum)
 
 
 def count_over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
 ) -> float | None:
     """``count_over_time(gauge[range_s])``: the samples in range."""
-    selected = select_range(samples, at, range_s, rules)
-    if not selected:
-        return None
-    return float(len(selected))
+    return _over_time(samples, at, range_s, rules, lambda values: float(len(values)))
 
 
 def max_over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
 ) -> float | None:
     """``max_over_time(gauge[range_s])``."""
-    selected = select_range(samples, at, range_s, rules)
-    if not selected:
-        return None
-    return max(v for _, v in selected)
+    return _over_time(samples, at, range_s, rules, max)
+
+
+RANGE_FUNCTIONS: dict[str, Callable[[Sequence[Sample], float, float, PromQLRules], float | None]] = {
+    "increase": increase,
+    "avg_over_time": avg_over_time,
+    "max_over_time": max_over_time,
+    "sum_over_time": sum_over_time,
+    "count_over_time": count_over_time,
+}
+"""The range-vector functions the emulation evaluates (``f(metric[window])``), by name."""
 
 
 def instant_sample(

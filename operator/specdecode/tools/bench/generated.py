@@ -70,6 +70,7 @@ def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
     method = rng.choice(METHODS)
     prompt, output = rng.choice(PROMPT_TOKENS), rng.choice(OUTPUT_TOKENS)
     alpha = round(rng.uniform(*ACCEPTANCE), 2)
+    prior = perfmodel.EngineParams.for_method(method)
     if method in TABLE_METHODS and rng.random() < TABLE_SHARE:
         gpu = "H200 (measured steps)"
         model: dict[str, Any] = {
@@ -78,7 +79,6 @@ def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
         }
     else:
         scale = rng.choice(GPU_SCALES)
-        prior = perfmodel.EngineParams.for_method(method)
         gpu = f"{scale}x the H100 fit's step costs"
         model = {
             "step_fixed_s": round(prior.step_fixed_s * scale, 7),
@@ -87,7 +87,6 @@ def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
             "step_overhead_s": round(prior.step_overhead_s * scale, 7),
         }
     if method != "ngram":
-        prior = perfmodel.EngineParams.for_method(method)
         model["draft_cost_ratio"] = round(prior.draft_cost_ratio * rng.uniform(0.7, 1.4), 3)
     name = f"gen-{seed}-{index:02d}-{kind}"
     doc: dict[str, Any] = {
