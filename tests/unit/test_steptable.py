@@ -61,6 +61,16 @@ def test_a_table_step_is_target_plus_drafts_plus_the_overheads():
     assert perfmodel.step_time(params, 0, 32, 1150) == pytest.approx(off, rel=1e-9)
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a_proposer_on_the_host_runs_no_draft_forward_on_the_table(method):
+    """n-gram and suffix propose by a lookup on the CPU: a K=3 step verifies 4 tokens per
+    sequence and pays the lookup, never a draft model's forward passes."""
+    params = EngineParams.for_method(method, {**TABLE_TRUTH, "step_table_draft_scale": 1.2})
+    table = steptable.load(NAME)
+    expected = table.gpu_ms("target", 32, 4, 1150) / 1000 + 1.0e-3 + 1.5e-3 + 32 * params.proposer_cpu_s_per_seq
+    assert perfmodel.step_time(params, 3, 32, 1150) == pytest.approx(expected, rel=1e-9)
+
+
 def test_the_table_truth_is_not_the_policys_model():
     """At batch 8 the first extra verified token costs 0.4-1.0 ms on the measured curve
     (data/README.md), and the truth's speculation overhead is 5x the prior's: speculating at

@@ -80,6 +80,10 @@ METHODS: tuple[str, ...] = get_args(Method)
 OFF = 0
 """The config with speculation off (K = 0)."""
 
+CPU_PROPOSERS: tuple[str, ...] = ("ngram", "suffix")
+"""Methods that propose by a lookup on the host (vLLM's n-gram and suffix proposers) and run
+no draft forward pass on the GPU: their cost is ``proposer_cpu_s_per_seq``."""
+
 _NORMAL = NormalDist()
 _SQRT2 = math.sqrt(2.0)
 
@@ -178,7 +182,7 @@ class EngineParams:
     """A shipped step-time table (``h200-llama8b-1b``; see `steptime`): when set, a step
     costs the table's interpolated target forward of K+1 tokens per sequence, plus K draft
     forwards (the first of 2 tokens per sequence: the tokens accepted last step, then 1
-    each), times ``step_table_scale``, plus ``step_overhead_s`` (the host's per-step work)
+    each; none for n-gram and suffix, `CPU_PROPOSERS`), times ``step_table_scale``, plus ``step_overhead_s`` (the host's per-step work)
     and, when speculating, ``spec_overhead_s``. ``step_fixed_s``, ``per_batched_token_s``,
     ``per_kv_token_s`` and ``draft_cost_ratio`` are then unused."""
     step_table_scale: float = 1.0
@@ -611,7 +615,8 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
     if params.step_table:
         return _table_step_cost(
             params.step_table, k, round(context_tokens, 1), params.step_table_scale,
-            params.step_table_draft_scale, params.step_overhead_s, params.spec_overhead_s,
+            0.0 if params.method in CPU_PROPOSERS else params.step_table_draft_scale,
+            params.step_overhead_s, params.spec_overhead_s,
             params.proposer_cpu_s_per_seq,
         )
     spec = k > 0
@@ -634,7 +639,8 @@ def _table_step_cost(
     """The measured step (`steptable`) at each of the table's batch sizes, in seconds.
 
     Target: one forward of K+1 tokens per sequence. Draft (K > 0): K forwards, the first
-    over 2 tokens per sequence (the tokens accepted in the last step), the others over 1.
+    over 2 tokens per sequence (the tokens accepted in the last step), the others over 1,
+    times ``draft_scale`` (0 for a proposer on the host, `CPU_PROPOSERS`).
     Prefill tokens cost the table's marginal per-token time at its largest batch.
     """
     from specdecode.control import steptable
