@@ -1245,6 +1245,12 @@ class Observations(StatusModel):
         description="Lowest per-token acceptance of recent evaluations (a new low at once, forgotten "
         "over about an hour, kept while speculation is off): tuning moves are checked against it.",
     )
+    recent_peak_request_rate: Optional[float] = Field(
+        None,
+        description="Highest finished requests per second of recent evaluations (a new peak at once, "
+        "forgotten over about a day): with rollout.maxSurge 0, a move to a config that could not carry "
+        "it is held, since no restart back would be affordable when that load returns.",
+    )
     last_alpha: Optional[float] = Field(
         None,
         description="Per-token acceptance last measured on the running config: the latest window "

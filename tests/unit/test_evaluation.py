@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
+import pytest
 
 from specdecode import api, constants as C
 from specdecode.control import decision as policy
@@ -173,6 +174,24 @@ def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     assert seen[3] == seen[2]  # off: nothing measured, nothing forgotten
     restarted = cs.from_status(status, spec, T0 + timedelta(minutes=5))
     assert restarted.recent_low_alpha == seen[3]
+
+
+def test_the_days_peak_load_is_kept_in_status_and_fades_slowly():
+    """The highest load of about the last day is in status.observations.recentPeakRequestRate:
+    a new peak at once, a calm minute after it forgets next to nothing, and an operator
+    restarted from status holds the peak its predecessor saw."""
+    spec = _spec()
+    status = _status(spec)
+    hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="hold")
+    seen = []
+    for minute, rate in enumerate([8, 30, 8]):
+        observation = observe(Workload(rate, 1000, 200, 0, 0.7), 3, 300)
+        status = _apply(status, spec, hold, observation, T0 + timedelta(minutes=minute)).status
+        seen.append(status.observations.recent_peak_request_rate)
+    assert seen[0] == pytest.approx(8) and seen[1] == pytest.approx(30)
+    assert 29 < seen[2] <= 30
+    restarted = cs.from_status(status, spec, T0 + timedelta(minutes=5))
+    assert restarted.recent_peak_rate == seen[2]
 
 
 def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download():

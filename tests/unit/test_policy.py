@@ -981,3 +981,60 @@ def test_a_config_that_falls_behind_its_load_is_infinitely_behind_the_fastest():
     shifted = {OFF: prediction(OFF, 0.0), 1: prediction(1, 1.0), 2: prediction(2, 0.0)}
     assert rules._regret(shifted, OFF) == math.inf
     assert rules._regret(shifted, 1) == 0.0
+
+
+# --- the recent peak load: no move into a config the load of the last day would overload ---
+
+
+def test_recent_peak_rate_takes_a_new_peak_at_once_and_falls_slowly():
+    calm, busy = observe(Workload(4, 1000, 300, 0, 0.8), 3, 300), observe(Workload(30, 1000, 300, 0, 0.8), 3, 300)
+    assert memory.recent_peak_rate(None, None, calm, NOW) == pytest.approx(4)
+    assert memory.recent_peak_rate(4, NOW - 60, busy, NOW) == pytest.approx(30)
+    an_hour = memory.recent_peak_rate(30, NOW - 3600, calm, NOW, memory_s=24 * 3600)
+    assert an_hour == pytest.approx(30 - 26 / 24)
+    assert memory.recent_peak_rate(30, NOW - 2 * 86400, calm, NOW, memory_s=24 * 3600) == pytest.approx(4)
+    # An outage or an idle window says nothing about the load that may come back.
+    assert memory.recent_peak_rate(30, NOW - 3600, None, NOW) == 30
+    idle = observe(Workload(0, 1000, 300, 0, 0.8), OFF, 300)
+    assert memory.recent_peak_rate(30, NOW - 3600, idle, NOW) == 30
+
+
+def _capacity(decision, k) -> float:
+    return next(p.capacity_rps for p in decision.predictions if p.k == k)
+
+
+NIGHT = Workload(4, 1000, 300, 0, 0.85)
+"""A 2-replica draft-model service at night. By the prior at acceptance 0.85 speculation off
+carries 42 req/s, K=2 38.5, K=3 38.2, K=4 37.5 and longer drafts less; the re-probe prices
+its candidates at a discounted acceptance, where each carries a little less."""
+
+
+@pytest.mark.parametrize("peak", [None, 37.0, 38.4])
+def test_a_reprobe_at_night_takes_a_draft_that_carries_the_days_peak(peak):
+    """maxSurge 0: at the night's 4 req/s K=3 is fastest, but should the day's peak come back
+    no restart is affordable: the re-probe takes a shorter draft that carries the peak, or
+    stays off when none that pays does."""
+    state = replace(off(since=NOW - 4000), recent_peak_rate=peak)
+    history = (HistoryEntry(NOW - 9000, Action.SET_K, 3, 5, "tune", True, 0.85, 1.0),
+               HistoryEntry(NOW - 4000, Action.DISABLE, 5, None, "fast-fallback", True, 0.85, 1.0))
+    decision = rules.decide(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), state, both(NIGHT, OFF), history, NOW)
+    if peak is None:
+        assert decision.action is Action.ENABLE and decision.k == 3
+    elif peak == 37.0:
+        assert decision.action is Action.ENABLE and decision.rule == "reprobe"
+        assert decision.k == 2 and _capacity(decision, 2) >= peak
+        assert "not K=3: it carries" in decision.reason and "reached 37.0 req/s" in decision.reason
+    else:
+        assert decision.action is Action.HOLD and not decision.enabled
+        assert "reached 38.4 req/s within the last day" in decision.reason and "staying off" in decision.reason
+
+
+@pytest.mark.parametrize("peak", [None, 38.4])
+def test_tuning_at_night_keeps_the_capacity_the_days_peak_needs(peak):
+    state = replace(on(2), recent_peak_rate=peak)
+    decision = rules.decide(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), state, both(NIGHT, 2), (), NOW)
+    if peak is None:
+        assert decision.changes and _capacity(decision, decision.k) < 38.4
+    else:
+        assert not decision.changes
+        assert "the load reached 38.4 req/s within the last day" in decision.reason

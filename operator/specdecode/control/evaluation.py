@@ -230,6 +230,9 @@ ALPHA_WRITE_DELTA = 0.02
 ACCEPTANCE_RATE_WRITE_DELTA = 0.05
 RISE_WRITE_DELTA = 0.10
 SCHEDULE_OVERHEAD_WRITE_SHARE = 0.10
+PEAK_RATE_WRITE_SHARE = 0.10
+"""The recent peak load is written when it moves by a tenth (a new peak, or a day's fading):
+finer steps change no decision it holds back."""
 REQUEST_ACCEPTANCE_SD = 0.15
 """How much one request's own acceptance varies around the service's (prompts differ: code
 and chat, repeated and novel text): a window's acceptance is as uncertain as its number of
@@ -316,6 +319,10 @@ def observations_moved(stored: Optional[api.Observations], new: Optional[api.Obs
         delta = fall if b < a else rise
         if delta is not None and abs(b - a) >= max(delta, _noise(stored, new, a, b)):
             return True
+    # The recent peak load holds moves back (`rules`): a restarted operator must find it.
+    a, b = stored.recent_peak_request_rate, new.recent_peak_request_rate
+    if (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > PEAK_RATE_WRITE_SHARE * max(a, b)):
+        return True
     # The schedule's calibrated cost is what a restarted operator prices schedules with.
     a, b = stored.schedule_overhead_seconds, new.schedule_overhead_seconds
     if (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > SCHEDULE_OVERHEAD_WRITE_SHARE * max(a, b)):

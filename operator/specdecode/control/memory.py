@@ -53,6 +53,25 @@ def recent_low_alpha(
     return max(min(previous, alpha), min(alpha, relaxed))
 
 
+def recent_peak_rate(
+    previous: float | None,
+    previous_at: float | None,
+    observation: Observation | None,
+    now: float,
+    memory_s: float = PolicyTuning.peak_memory_s,
+) -> float | None:
+    """The highest load (finished requests per second, the long window's) seen lately: a new
+    peak at once, a fall only gradually (each evaluation closes the gap to the present by
+    elapsed / ``memory_s``). An idle or unread window leaves it as it is."""
+    if observation is None or observation.idle:
+        return previous
+    rate = observation.request_rate
+    if previous is None or previous_at is None:
+        return rate
+    fraction = min(1.0, max(0.0, now - previous_at) / memory_s)
+    return max(rate, previous + (rate - previous) * fraction)
+
+
 @dataclass(frozen=True)
 class HistoryEntry:
     """One decision of status.history (newest last). camelCase only in `to_status`."""

@@ -777,6 +777,22 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     conservative = max(0.0, alpha - t.probe_alpha_discount)
     probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
     probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
+    unserved, passed_over = _peak_unserved(ctx, calibration, est, probe_preds, probe_k, conservative), ""
+    if unserved is not None:
+        carrying = [
+            k for k in ks
+            if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain)
+            and _peak_unserved(ctx, calibration, est, probe_preds, k, conservative) is None
+        ]
+        if not carrying:
+            return _make(
+                ctx, Action.HOLD, None, Rule.HOLD,
+                f"re-probe due, but {label(probe_k)} (the fastest at {est.request_rate:.2f} req/s): "
+                f"{unserved}; no speculative config that pays carries that load: staying off",
+                metrics=flags, predictions=preds, est=est, scale=scale,
+            )
+        passed_over = f"; not {label(probe_k)}: {unserved}"
+        probe_k = max(carrying, key=lambda k: (probe_preds[k].score, -k))
     _, high = _window_rates(ctx, est)
     rollout_capacity = overloading_rollout(calibration, est, (OFF, probe_k), s, high, alpha)
     if rollout_capacity is not None:
@@ -803,7 +819,7 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         source = f"assumed alpha {alpha:.2f}"
     reason = (
         f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
-        f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
+        f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s{passed_over}"
     )
     return _change(ctx, probe_k, Rule.REPROBE, reason, preds, flags, est, scale, guard=False, alpha=alpha)
 
@@ -846,6 +862,37 @@ def _locked_in(
         return None
     return best_hedge(
         calibration, est, k, preds, ctx.settings, rate, ctx.tuning.hedge_release, alpha=alpha
+    )
+
+
+def _peak_unserved(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    preds: Mapping[int, ConfigPrediction],
+    k: int,
+    alpha: float | None = None,
+) -> str | None:
+    """Why a move to ``k`` would leave the service short of the load it carried lately, or
+    None. ``k`` carries less than the current config and less than the peak of about the last
+    day (`memory.recent_peak_rate`), and with maxSurge 0 a restart back at that load would
+    overload the replicas left serving: should the peak come back (a daily one does), ``k``
+    would be locked into an overload of its own making. (A re-probe at night promoted n-gram
+    K=8, 67 % faster per token at a batch of 10, and the next day's peak met it with less
+    capacity than the K=3 it had replaced, and speculation off before it.)"""
+    peak, current = ctx.state.recent_peak_rate, ctx.current
+    if peak is None or k == current:
+        return None
+    carries = preds[k].capacity_rps
+    if carries >= peak or carries >= preds[current].capacity_rps:
+        return None
+    rollout = overloading_rollout(calibration, est, (k, current), ctx.settings, peak, alpha)
+    if rollout is None:
+        return None
+    return (
+        f"it carries {carries:.1f} req/s and the load reached {peak:.1f} req/s within the last "
+        f"day: should it come back, a restart would load the replicas left serving to "
+        f"{peak / rollout:.0%} of the {rollout:.1f} req/s they carry"
     )
 
 
@@ -927,7 +974,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
                 f"{hedge_back.rollout_capacity_rps:.1f} req/s, and at its capacity "
                 f"{label(hedge_back.target)} would be {fmt_pct(hedge_back.benefit)} faster)"
             )
-        return _exit_closed(ctx, calibration, est, k, high)
+        return _exit_closed(ctx, calibration, est, k, high) or _peak_unserved(ctx, calibration, est, preds, k)
 
     wanted, locked = ranked[0], None
     best = wanted

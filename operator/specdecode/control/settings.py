@@ -94,6 +94,9 @@ class PolicyTuning:
     what the replicas left serving during the rollout carry: nearer that capacity each round
     builds a queue that takes minutes to drain. A re-probe (which costs two restarts if it
     fails) and the acceptance floor wait above it."""
+    peak_memory_s: float = 24 * 3600.0
+    """Time constant of the recent peak load (`memory.recent_peak_rate`): a day's peak comes
+    back the next day, so a move that could not carry it is judged against it all day."""
     reversion_min_drop: float = 0.1
     """Tuning moves are checked against the recent low acceptance (`recent_low_alpha`) when
     it lies at least this far below today's estimate (smaller dips are noise)."""

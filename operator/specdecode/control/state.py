@@ -77,6 +77,10 @@ class ControlState:
     """status.observations.recentLowAlpha: the lowest acceptance of the evaluations of about
     the last hour (`memory.recent_low_alpha`), whatever config measured it. Acceptance that
     fell this low lately can fall this low again: tuning moves are priced against it too."""
+    recent_peak_rate: float | None = None
+    """status.observations.recentPeakRequestRate: the highest load of about the last day
+    (`memory.recent_peak_rate`). A load that rose this high lately can come back: with
+    maxSurge 0 a move to a config that cannot carry it is judged against it."""
     observed_at: float | None = None
     """status.observations.observedAt: when the acceptance memory was last updated."""
     cause: Cause = Cause.POLICY
@@ -274,6 +278,7 @@ def from_status(
         advice = (Action(r.action) if r.action in _ACTIONS else Action.HOLD, r.enabled, r.k, r.schedule)
     memory = dict(
         recent_low_alpha=earlier.recent_low_alpha if earlier else None,
+        recent_peak_rate=earlier.recent_peak_request_rate if earlier else None,
         observed_at=timestamps.epoch_seconds_or_none(earlier.observed_at) if earlier else None,
         history=history,
         advice=advice,
@@ -411,6 +416,7 @@ def to_status(
             {**observation,
              "observedAt": None if state.observed_at is None else timestamps.rfc3339(state.observed_at),
              "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4),
+             "recentPeakRequestRate": None if state.recent_peak_rate is None else round(state.recent_peak_rate, 4),
              "lastAlpha": None if state.last_alpha is None else round(state.last_alpha, 4),
              "scheduleOverheadSeconds": (
                  None if state.schedule_overhead_s is None else round(state.schedule_overhead_s, 6)

@@ -15,7 +15,7 @@ from specdecode.control.canary import run as run_experiments, serving_settings
 from specdecode.control import schedules
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
-from specdecode.control.memory import history_entry, recent_low_alpha, stored
+from specdecode.control.memory import history_entry, recent_low_alpha, recent_peak_rate, stored
 from specdecode.control.rules import decide
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import Cause, ControlState
@@ -54,6 +54,7 @@ def advance(
             recent_low_alpha=stored(recent_low_alpha(
                 state.recent_low_alpha, state.observed_at, window, min_drafts, now
             )),
+            recent_peak_rate=stored(recent_peak_rate(state.recent_peak_rate, state.observed_at, window, now)),
             observed_at=now,
             # A window without drafts (idle, or the first after an outage) measures nothing:
             # the acceptance last measured on this config stays the memory that the draft paid.
