@@ -237,6 +237,10 @@ def below_floor(arm: ArmWindow, settings: ExperimentSettings) -> Optional[str]:
             f"positions) is below the acceptance floor {floor:.2f}: speculation does not pay there yet")
 
 
+MAX_LOG_RATIO = math.log(1e6)
+"""The largest log time-per-token ratio an outcome reports (`judge`)."""
+
+
 def judge(
     evidence: Evidence,
     latest: Optional[PairedWindow],
@@ -259,8 +263,12 @@ def judge(
         if not math.isfinite(evidence.variance):
             return base
         low, high = confidence_interval(evidence, settings.tau, settings.alpha)
+        # A few windows of wildly different arms (a canary whose pods were still loading) give
+        # a log-ratio interval wider than a float's exponent: past a millionfold the bound
+        # says nothing more, and status must hold a number.
+        low, high = (min(bound, MAX_LOG_RATIO) for bound in (low, high))
         return replace(
-            base, effect=math.expm1(evidence.mean), interval=(math.expm1(low), math.expm1(high)),
+            base, effect=math.expm1(min(evidence.mean, MAX_LOG_RATIO)), interval=(math.expm1(low), math.expm1(high)),
             evidence=mixture_likelihood_ratio(evidence, settings.tau),
         )
 
