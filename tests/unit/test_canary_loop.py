@@ -195,6 +195,25 @@ def test_a_worse_candidate_is_aborted_with_no_change_and_not_retried_before_the_
     assert waiting and all(d.rule is Rule.EXPERIMENT and "not tried again" in d.reason for d in waiting)
 
 
+def test_a_promotion_waits_while_its_rollout_would_overload_the_replicas_left_serving():
+    """maxSurge 0: a promotion rolls the main Deployment and the canary's replica comes back at
+    once, so each round serves on two replicas of three. With the load risen to 32 req/s in
+    mid-experiment (114 % of what two carry) the canary keeps serving the candidate, the
+    record says why, and the promotion comes once the load allows it."""
+    _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=0.9)
+    assert running_record(calm) is not None
+    peak, busy = drive(SPEC, calm, 40, factor=0.9, workload=Workload(32, 1000, 300, 0, 0.8), start=NOW + 8 * MINUTE)
+    assert not any(r.rerender for _, r in peak) and busy.speculation.enabled is False
+    record = running_record(busy)
+    assert record is not None and record.verdict == "Running"
+    assert "faster per token; the promotion waits: at 32.00 req/s the rollout would load" in record.reason
+    assert any("would promote draft_model K=1 over off" in r.decision.reason for _, r in peak)
+    after, promoted = drive(SPEC, busy, 15, factor=0.9, start=NOW + 48 * MINUTE)
+    (promotion,) = [r for _, r in after if r.rerender]
+    assert promotion.decision.rule is Rule.EXPERIMENT and [e.verdict for e in promotion.experiments_ended] == ["Promote"]
+    assert promoted.speculation.enabled and promoted.speculation.k == 1
+
+
 def test_a_candidate_within_the_minimum_effect_is_not_worth_a_rollout():
     results, status = drive(SPEC, live_status(SPEC, None), 30, factor=1.0)
     verdicts = [rec.verdict for _, r in results for rec in r.experiments_ended]
