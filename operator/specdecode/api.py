@@ -1247,9 +1247,13 @@ class Observations(StatusModel):
     )
     recent_peak_request_rate: Optional[float] = Field(
         None,
-        description="Highest finished requests per second of recent evaluations (a new peak at once, "
-        "forgotten over about a day): with rollout.maxSurge 0, a move to a config that could not carry "
+        description="Highest finished requests per second of about the last day (a new peak at once; "
+        "kept 26h after it was last seen, a load within 10% of it seeing it again; then falling to "
+        "today's load over hours): with rollout.maxSurge 0, a move to a config that could not carry "
         "it is held, since no restart back would be affordable when that load returns.",
+    )
+    recent_peak_at: Optional[str] = Field(
+        None, description="When recentPeakRequestRate was last seen (RFC 3339).", max_length=64
     )
     last_alpha: Optional[float] = Field(
         None,

@@ -176,10 +176,10 @@ def test_recent_low_acceptance_is_kept_in_status_across_configs_and_while_off():
     assert restarted.recent_low_alpha == seen[3]
 
 
-def test_the_days_peak_load_is_kept_in_status_and_fades_slowly():
-    """The highest load of about the last day is in status.observations.recentPeakRequestRate:
-    a new peak at once, a calm minute after it forgets next to nothing, and an operator
-    restarted from status holds the peak its predecessor saw."""
+def test_the_days_peak_load_is_kept_in_status_and_survives_a_restart():
+    """The highest load of about the last day is in status.observations.recentPeakRequestRate
+    (and when it was seen, recentPeakAt): a new peak at once, kept through the calm after it,
+    and an operator restarted from status holds the peak its predecessor saw."""
     spec = _spec()
     status = _status(spec)
     hold = _decision(action=policy.Action.HOLD, enabled=True, k=3, applied=False, reason="hold")
@@ -188,10 +188,21 @@ def test_the_days_peak_load_is_kept_in_status_and_fades_slowly():
         observation = observe(Workload(rate, 1000, 200, 0, 0.7), 3, 300)
         status = _apply(status, spec, hold, observation, T0 + timedelta(minutes=minute)).status
         seen.append(status.observations.recent_peak_request_rate)
-    assert seen[0] == pytest.approx(8) and seen[1] == pytest.approx(30)
-    assert 29 < seen[2] <= 30
+    assert seen == [pytest.approx(8), pytest.approx(30), pytest.approx(30)]
+    assert status.observations.recent_peak_at == rfc3339(T0 + timedelta(minutes=1))
     restarted = cs.from_status(status, spec, T0 + timedelta(minutes=5))
-    assert restarted.recent_peak_rate == seen[2]
+    assert (restarted.recent_peak_rate, restarted.recent_peak_at) == (seen[2], (T0 + timedelta(minutes=1)).timestamp())
+
+
+def test_a_peak_seen_again_is_written_once_its_hold_would_otherwise_run_from_yesterday():
+    """Status holds the peak's time to two hours: a restarted operator keeps a daily peak
+    that was seen again today, without a status write every minute of the peak."""
+    def stored(at: datetime, rate: float = 30.0) -> api.Observations:
+        return api.Observations(config_hash="abc", recent_peak_request_rate=rate, recent_peak_at=rfc3339(at))
+
+    assert not evaluation.observations_moved(stored(T0), stored(T0 + timedelta(minutes=90), 31.0))
+    assert evaluation.observations_moved(stored(T0), stored(T0 + timedelta(hours=3)))
+    assert evaluation.observations_moved(stored(T0), stored(T0, 40.0))
 
 
 def test_a_gain_that_repays_a_cached_restart_does_not_repay_one_with_a_download():

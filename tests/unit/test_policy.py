@@ -986,17 +986,27 @@ def test_a_config_that_falls_behind_its_load_is_infinitely_behind_the_fastest():
 # --- the recent peak load: no move into a config the load of the last day would overload ---
 
 
-def test_recent_peak_rate_takes_a_new_peak_at_once_and_falls_slowly():
+def test_the_recent_peak_is_taken_at_once_held_for_a_day_and_then_let_go():
     calm, busy = observe(Workload(4, 1000, 300, 0, 0.8), 3, 300), observe(Workload(30, 1000, 300, 0, 0.8), 3, 300)
-    assert memory.recent_peak_rate(None, None, calm, NOW) == pytest.approx(4)
-    assert memory.recent_peak_rate(4, NOW - 60, busy, NOW) == pytest.approx(30)
-    an_hour = memory.recent_peak_rate(30, NOW - 3600, calm, NOW, memory_s=24 * 3600)
-    assert an_hour == pytest.approx(30 - 26 / 24)
-    assert memory.recent_peak_rate(30, NOW - 2 * 86400, calm, NOW, memory_s=24 * 3600) == pytest.approx(4)
+    nearly = observe(Workload(28, 1000, 300, 0, 0.8), 3, 300)
+    assert memory.recent_peak(None, None, calm, NOW) == pytest.approx((4, NOW))
+    assert memory.recent_peak((4, NOW - 60), NOW - 60, busy, NOW) == pytest.approx((30, NOW))
+    # A real day: 20 hours of calm evaluations, a minute apart, keep the peak whole.
+    peak, at = 30.0, NOW
+    for minute in range(1, 20 * 60 + 1):
+        peak, at = memory.recent_peak((peak, at), NOW + 60 * (minute - 1), calm, NOW + 60 * minute)
+    assert (peak, at) == (30.0, NOW)
+    # Tomorrow's peak a little lower sees it again: the hold starts anew.
+    assert memory.recent_peak((30, NOW), NOW + 72000, nearly, NOW + 72060) == (30, NOW + 72060)
+    # Past the hold it falls to today's load over hours, not at once.
+    late = NOW + 27 * 3600
+    one_hour = memory.recent_peak((30, NOW), late - 3600, calm, late)
+    assert 4 < one_hour[0] < 30 and one_hour[1] == NOW
+    assert memory.recent_peak((30, NOW), late - 10 * 86400, calm, late)[0] == pytest.approx(4)
     # An outage or an idle window says nothing about the load that may come back.
-    assert memory.recent_peak_rate(30, NOW - 3600, None, NOW) == 30
+    assert memory.recent_peak((30, NOW), NOW + 3600, None, NOW + 7200) == (30, NOW)
     idle = observe(Workload(0, 1000, 300, 0, 0.8), OFF, 300)
-    assert memory.recent_peak_rate(30, NOW - 3600, idle, NOW) == 30
+    assert memory.recent_peak((30, NOW), late - 60, idle, late) == (30, NOW)
 
 
 def _capacity(decision, k) -> float:

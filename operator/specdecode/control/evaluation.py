@@ -233,6 +233,9 @@ SCHEDULE_OVERHEAD_WRITE_SHARE = 0.10
 PEAK_RATE_WRITE_SHARE = 0.10
 """The recent peak load is written when it moves by a tenth (a new peak, or a day's fading):
 finer steps change no decision it holds back."""
+PEAK_SEEN_WRITE_S = 2 * 3600.0
+"""...and when it was last seen, once that moved by two hours: the hold's slack beyond a day
+(`PolicyTuning.peak_hold_s`), so a restarted operator holds a daily peak until the next."""
 REQUEST_ACCEPTANCE_SD = 0.15
 """How much one request's own acceptance varies around the service's (prompts differ: code
 and chat, repeated and novel text): a window's acceptance is as uncertain as its number of
@@ -322,6 +325,12 @@ def observations_moved(stored: Optional[api.Observations], new: Optional[api.Obs
     # The recent peak load holds moves back (`rules`): a restarted operator must find it.
     a, b = stored.recent_peak_request_rate, new.recent_peak_request_rate
     if (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > PEAK_RATE_WRITE_SHARE * max(a, b)):
+        return True
+    # Its hold runs from when it was last seen: a restarted operator must not let go of a peak
+    # seen again today because status still says yesterday.
+    a_at = timestamps.epoch_seconds_or_none(stored.recent_peak_at)
+    b_at = timestamps.epoch_seconds_or_none(new.recent_peak_at)
+    if (a_at is None) != (b_at is None) or (a_at is not None and b_at is not None and abs(b_at - a_at) > PEAK_SEEN_WRITE_S):
         return True
     # The schedule's calibrated cost is what a restarted operator prices schedules with.
     a, b = stored.schedule_overhead_seconds, new.schedule_overhead_seconds

@@ -53,23 +53,32 @@ def recent_low_alpha(
     return max(min(previous, alpha), min(alpha, relaxed))
 
 
-def recent_peak_rate(
-    previous: float | None,
+def recent_peak(
+    previous: tuple[float, float] | None,
     previous_at: float | None,
     observation: Observation | None,
     now: float,
-    memory_s: float = PolicyTuning.peak_memory_s,
-) -> float | None:
-    """The highest load (finished requests per second, the long window's) seen lately: a new
-    peak at once, a fall only gradually (each evaluation closes the gap to the present by
-    elapsed / ``memory_s``). An idle or unread window leaves it as it is."""
+    tuning: PolicyTuning = PolicyTuning(),
+) -> tuple[float, float] | None:
+    """(rate, when last seen) of the highest load (finished requests per second, the long
+    window's) of about the last day: a new peak at once; a load within ``peak_refresh_share``
+    of it sees it again; kept whole for ``peak_hold_s`` after it was last seen, then each
+    evaluation (``previous_at``: the one before) closes the gap to today's load by elapsed /
+    ``peak_memory_s``. An idle or unread window leaves it as it is. (A plain decay with a
+    one-day time constant kept only 43 % of a daily peak's excess over the night's load by the
+    next day's peak.)"""
     if observation is None or observation.idle:
         return previous
     rate = observation.request_rate
-    if previous is None or previous_at is None:
-        return rate
-    fraction = min(1.0, max(0.0, now - previous_at) / memory_s)
-    return max(rate, previous + (rate - previous) * fraction)
+    if previous is None:
+        return rate, now
+    peak, seen_at = previous
+    if rate >= tuning.peak_refresh_share * peak:
+        return max(rate, peak), now
+    if now - seen_at < tuning.peak_hold_s or previous_at is None:
+        return previous
+    fraction = min(1.0, max(0.0, now - previous_at) / tuning.peak_memory_s)
+    return max(rate, peak + (rate - peak) * fraction), seen_at
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,16 @@ class PolicyTuning:
     what the replicas left serving during the rollout carry: nearer that capacity each round
     builds a queue that takes minutes to drain. A re-probe (which costs two restarts if it
     fails) and the acceptance floor wait above it."""
-    peak_memory_s: float = 24 * 3600.0
-    """Time constant of the recent peak load (`memory.recent_peak_rate`): a day's peak comes
-    back the next day, so a move that could not carry it is judged against it all day."""
+    peak_hold_s: float = 26 * 3600.0
+    """How long the recent peak load (`memory.recent_peak`) is kept whole after it was last
+    seen: a day's peak comes back the next day (a day and two hours: tomorrow's comes a little
+    later than today's), so a move that could not carry it is judged against it all day."""
+    peak_refresh_share: float = 0.9
+    """A load at least this share of the remembered peak sees it again: its hold starts anew
+    (a peak a little lower than yesterday's keeps yesterday's in memory)."""
+    peak_memory_s: float = 6 * 3600.0
+    """Once held that long, the time constant over which the remembered peak falls to the
+    load of today (a service whose load has left for good gets its faster configs back)."""
     reversion_min_drop: float = 0.1
     """Tuning moves are checked against the recent low acceptance (`recent_low_alpha`) when
     it lies at least this far below today's estimate (smaller dips are noise)."""

@@ -79,8 +79,10 @@ class ControlState:
     fell this low lately can fall this low again: tuning moves are priced against it too."""
     recent_peak_rate: float | None = None
     """status.observations.recentPeakRequestRate: the highest load of about the last day
-    (`memory.recent_peak_rate`). A load that rose this high lately can come back: with
-    maxSurge 0 a move to a config that cannot carry it is judged against it."""
+    (`memory.recent_peak`). A load that rose this high lately can come back: with maxSurge 0 a
+    move to a config that cannot carry it is judged against it."""
+    recent_peak_at: float | None = None
+    """status.observations.recentPeakAt: when that load was last seen (its hold runs from there)."""
     observed_at: float | None = None
     """status.observations.observedAt: when the acceptance memory was last updated."""
     cause: Cause = Cause.POLICY
@@ -279,6 +281,7 @@ def from_status(
     memory = dict(
         recent_low_alpha=earlier.recent_low_alpha if earlier else None,
         recent_peak_rate=earlier.recent_peak_request_rate if earlier else None,
+        recent_peak_at=timestamps.epoch_seconds_or_none(earlier.recent_peak_at) if earlier else None,
         observed_at=timestamps.epoch_seconds_or_none(earlier.observed_at) if earlier else None,
         history=history,
         advice=advice,
@@ -417,6 +420,7 @@ def to_status(
              "observedAt": None if state.observed_at is None else timestamps.rfc3339(state.observed_at),
              "recentLowAlpha": None if state.recent_low_alpha is None else round(state.recent_low_alpha, 4),
              "recentPeakRequestRate": None if state.recent_peak_rate is None else round(state.recent_peak_rate, 4),
+             "recentPeakAt": None if state.recent_peak_at is None else timestamps.rfc3339(state.recent_peak_at),
              "lastAlpha": None if state.last_alpha is None else round(state.last_alpha, 4),
              "scheduleOverheadSeconds": (
                  None if state.schedule_overhead_s is None else round(state.schedule_overhead_s, 6)

@@ -8,6 +8,7 @@ the headline figures run the production glue.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from specdecode import constants
@@ -15,7 +16,7 @@ from specdecode.control.canary import run as run_experiments, serving_settings
 from specdecode.control import schedules
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
-from specdecode.control.memory import history_entry, recent_low_alpha, recent_peak_rate, stored
+from specdecode.control.memory import history_entry, recent_low_alpha, recent_peak, stored
 from specdecode.control.rules import decide
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import Cause, ControlState
@@ -40,6 +41,17 @@ def step(
     return decision, schedules.advance(after, state, decision, update)
 
 
+def _peak_fields(state: ControlState, window: Observation, now: float) -> dict:
+    """The recent peak load after this evaluation's long window (`memory.recent_peak`)."""
+    previous = None
+    if state.recent_peak_rate is not None:
+        previous = (state.recent_peak_rate, state.recent_peak_at if state.recent_peak_at is not None else now)
+    peak = recent_peak(previous, state.observed_at, window, now)
+    if peak is None:
+        return {}
+    return {"recent_peak_rate": stored(peak[0]), "recent_peak_at": float(math.floor(peak[1]))}
+
+
 def advance(
     state: ControlState, decision: Decision, window: Observation | None, min_drafts: float, now: float
 ) -> ControlState:
@@ -54,7 +66,7 @@ def advance(
             recent_low_alpha=stored(recent_low_alpha(
                 state.recent_low_alpha, state.observed_at, window, min_drafts, now
             )),
-            recent_peak_rate=stored(recent_peak_rate(state.recent_peak_rate, state.observed_at, window, now)),
+            **_peak_fields(state, window, now),
             observed_at=now,
             # A window without drafts (idle, or the first after an outage) measures nothing:
             # the acceptance last measured on this config stays the memory that the draft paid.
