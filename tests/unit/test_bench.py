@@ -389,6 +389,21 @@ def test_generated_scenarios_are_reproducible_valid_and_loaded_against_their_own
     assert any("step_table" in doc["model"] for doc in generated.generate(1, 24))
 
 
+def test_generated_swings_repeat_for_as_many_cycles_as_asked_and_draw_the_same_services():
+    once, twice = generated.generate(5, 6), generated.generate(5, 6, cycles=2)
+    for one, two in zip(once, twice):
+        if one["name"].endswith("stationary"):
+            assert two == one
+            continue
+        assert two["name"] == one["name"] + "-x2" and (one["duration"], two["duration"]) == ("4h", "8h")
+        assert {k: v for k, v in two.items() if k not in ("name", "duration", "phases", "description")} == {
+            k: v for k, v in one.items() if k not in ("name", "duration", "phases", "description")}
+        scenario = parse_scenario(two, two["name"])
+        low, high = one["phases"][0]["request_rate"], one["phases"][1]["request_rate"]
+        assert [p.request_rate for p in scenario.phases] == [low, high, low, low, high, low]
+        assert [start for start, _, _ in scenario.phase_spans()] == [0, 3600, 9000, 14400, 18000, 23400]
+
+
 def test_bench_policy_runs_generated_scenarios_and_keeps_them_beside_the_results(tmp_path, capsys):
     out = tmp_path / "out"
     code = cli.main(["bench", "policy", "--generated", "1", "--generated-seed", "3", "--json", "--no-plots",
@@ -403,3 +418,5 @@ def test_bench_policy_runs_generated_scenarios_and_keeps_them_beside_the_results
 def test_bench_policy_refuses_a_negative_number_of_generated_scenarios(capsys):
     assert cli.main(["bench", "policy", "--generated", "-2"]) == 2
     assert "--generated must be 0 or more" in capsys.readouterr().err
+    assert cli.main(["bench", "policy", "--generated", "2", "--generated-cycles", "0"]) == 2
+    assert "--generated-cycles must be at least 1" in capsys.readouterr().err

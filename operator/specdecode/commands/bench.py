@@ -35,6 +35,9 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--generated-seed", type=int, default=1, metavar="S",
                    help="seed of the generated scenarios (default: %(default)s)")
+    p.add_argument("--generated-cycles", type=int, default=1, metavar="C",
+                   help="times each generated load swing repeats its calm, peak and calm (4 hours each; "
+                   "default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print every figure as JSON on stdout")
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="directory for the CSV, the JSON and one PNG per scenario (default: %(default)s)")
@@ -99,6 +102,8 @@ def run_bench_policy(args: argparse.Namespace) -> int:
 
     if args.generated < 0:
         raise UserError("--generated must be 0 or more (the number of scenarios to draw)")
+    if args.generated_cycles < 1:
+        raise UserError("--generated-cycles must be at least 1 (the times each load swing repeats)")
     paths: list[str] = []
     for item in args.scenario or ([] if args.generated else [str(p) for p in benchmark_suite()]):
         try:
@@ -116,7 +121,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
     if args.generated:
         from ..tools.bench import generated
 
-        documents = generated.generate(args.generated_seed, args.generated)
+        documents = generated.generate(args.generated_seed, args.generated, args.generated_cycles)
         paths += [str(path) for path in generated.write(documents, Path(args.out) / "generated")]
 
     err_console = Console(stderr=True)

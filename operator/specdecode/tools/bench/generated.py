@@ -42,16 +42,23 @@ STATIONARY_LOAD = (0.15, 0.85)
 """Load as a share of the capacity of the best config in the truth."""
 SWING_LOW = (0.1, 0.3)
 SWING_HIGH = (0.55, 0.95)
+SWING_CYCLE_MIN = 240
+"""One swing: calm for an hour, the peak for an hour and a half, calm again (a day compressed
+into 4 hours); with ``cycles`` > 1 it repeats, so what one peak teaches can serve the next."""
 CONFIGS = tuple(range(0, 7))
 """Configs whose largest capacity places the load (off and K 1..6)."""
 
 
-def generate(seed: int, count: int) -> list[dict[str, Any]]:
-    """``count`` scenario documents drawn from ``seed`` (alternately stationary and a swing)."""
+def generate(seed: int, count: int, cycles: int = 1) -> list[dict[str, Any]]:
+    """``count`` scenario documents drawn from ``seed`` (alternately stationary and a swing
+    whose calm, peak and calm repeat ``cycles`` times). The draws do not depend on
+    ``cycles``: the same seed gives the same services, swinging once or several times."""
     if count < 1:
         raise ValueError("count must be at least 1")
+    if cycles < 1:
+        raise ValueError("cycles must be at least 1")
     rng = random.Random(seed)
-    return [_one(rng, seed, i) for i in range(count)]
+    return [_one(rng, seed, i, cycles) for i in range(count)]
 
 
 def write(documents: list[dict[str, Any]], directory: Path) -> list[Path]:
@@ -65,7 +72,7 @@ def write(documents: list[dict[str, Any]], directory: Path) -> list[Path]:
     return paths
 
 
-def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
+def _one(rng: random.Random, seed: int, index: int, cycles: int) -> dict[str, Any]:
     kind = "stationary" if index % 2 == 0 else "swing"
     method = rng.choice(METHODS)
     prompt, output = rng.choice(PROMPT_TOKENS), rng.choice(OUTPUT_TOKENS)
@@ -88,11 +95,11 @@ def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
         }
     if method != "ngram":
         model["draft_cost_ratio"] = round(prior.draft_cost_ratio * rng.uniform(0.7, 1.4), 3)
-    name = f"gen-{seed}-{index:02d}-{kind}"
+    name = f"gen-{seed}-{index:02d}-{kind}" + (f"-x{cycles}" if kind == "swing" and cycles > 1 else "")
     doc: dict[str, Any] = {
         "name": name,
         "description": "",
-        "duration": "3h" if kind == "stationary" else "4h",
+        "duration": "3h" if kind == "stationary" else f"{SWING_CYCLE_MIN * cycles // 60}h",
         "seed": rng.randrange(1_000_000),
         "held_back": True,
         "method": method,
@@ -116,9 +123,13 @@ def _one(rng: random.Random, seed: int, index: int) -> dict[str, Any]:
     else:
         low, high = rng.uniform(*SWING_LOW), rng.uniform(*SWING_HIGH)
         doc["phases"][0]["request_rate"] = round(low * capacity, 2)
-        doc["phases"] += [{"at": "60m", "request_rate": round(high * capacity, 2)},
-                          {"at": "150m", "request_rate": round(low * capacity, 2)}]
-        loads = f"{low:.0%} -> {high:.0%} -> {low:.0%} of capacity"
+        for cycle in range(cycles):
+            start = cycle * SWING_CYCLE_MIN
+            if cycle:
+                doc["phases"].append({"at": f"{start}m", "request_rate": round(low * capacity, 2)})
+            doc["phases"] += [{"at": f"{start + 60}m", "request_rate": round(high * capacity, 2)},
+                              {"at": f"{start + 150}m", "request_rate": round(low * capacity, 2)}]
+        loads = f"{low:.0%} -> {high:.0%} -> {low:.0%} of capacity" + (f", {cycles} times" if cycles > 1 else "")
     doc["description"] = (
         f"Generated (seed {seed}, #{index}): {method} at acceptance {alpha}, {gpu}, prompts {prompt} "
         f"and outputs {output} tokens, {kind} at {loads} (the truth's largest: "
