@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -423,6 +424,10 @@ def test_processes_referencing_finds_and_terminate_stops_a_child(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(marker / "etcd")])
     sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(marker) + "-2/etcd"])
     try:
+        # A child shows its own command line only once it has exec'd: wait for that, bounded.
+        deadline = time.monotonic() + 10
+        while cluster.processes_referencing(marker) != [child.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert cluster.processes_referencing(marker) == [child.pid]
         cluster.terminate([child.pid], grace_seconds=5)
         assert child.wait(timeout=5) is not None
