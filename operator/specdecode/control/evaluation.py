@@ -304,6 +304,14 @@ def _noise(stored: api.Observations, new: api.Observations, a: float, b: float) 
     return WRITE_STANDARD_ERRORS * variance ** 0.5
 
 
+def _moved(a: Optional[float], b: Optional[float], tolerance: float, relative: bool = False) -> bool:
+    """A stored figure and its new value differ: one is missing, or they lie more than
+    ``tolerance`` apart (a share of the larger when ``relative``)."""
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    return abs(b - a) > tolerance * (max(a, b) if relative else 1.0)
+
+
 def observations_moved(stored: Optional[api.Observations], new: Optional[api.Observations]) -> bool:
     """A new measurement worth storing: the first of a config, acceptance appearing or
     vanishing, a fall beyond the noise, or a rise large enough to mislead a reader."""
@@ -322,19 +330,17 @@ def observations_moved(stored: Optional[api.Observations], new: Optional[api.Obs
         delta = fall if b < a else rise
         if delta is not None and abs(b - a) >= max(delta, _noise(stored, new, a, b)):
             return True
-    # The recent peak load holds moves back (`rules`): a restarted operator must find it.
-    a, b = stored.recent_peak_request_rate, new.recent_peak_request_rate
-    if (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > PEAK_RATE_WRITE_SHARE * max(a, b)):
-        return True
-    # Its hold runs from when it was last seen: a restarted operator must not let go of a peak
+    # The recent peak load holds moves back (`rules`): a restarted operator must find it, and
+    # its hold runs from when it was last seen: a restarted operator must not let go of a peak
     # seen again today because status still says yesterday.
-    a_at = timestamps.epoch_seconds_or_none(stored.recent_peak_at)
-    b_at = timestamps.epoch_seconds_or_none(new.recent_peak_at)
-    if (a_at is None) != (b_at is None) or (a_at is not None and b_at is not None and abs(b_at - a_at) > PEAK_SEEN_WRITE_S):
+    if _moved(stored.recent_peak_request_rate, new.recent_peak_request_rate, PEAK_RATE_WRITE_SHARE, relative=True):
+        return True
+    if _moved(timestamps.epoch_seconds_or_none(stored.recent_peak_at),
+              timestamps.epoch_seconds_or_none(new.recent_peak_at), PEAK_SEEN_WRITE_S):
         return True
     # The schedule's calibrated cost is what a restarted operator prices schedules with.
-    a, b = stored.schedule_overhead_seconds, new.schedule_overhead_seconds
-    if (a is None) != (b is None) or (a is not None and b is not None and abs(b - a) > SCHEDULE_OVERHEAD_WRITE_SHARE * max(a, b)):
+    if _moved(stored.schedule_overhead_seconds, new.schedule_overhead_seconds, SCHEDULE_OVERHEAD_WRITE_SHARE,
+              relative=True):
         return True
     # Latency is not among them: P95 from histogram buckets jumps by a bucket from one window
     # to the next with no change in the service, and no decision reads it back from status

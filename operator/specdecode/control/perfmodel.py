@@ -182,9 +182,10 @@ class EngineParams:
     """A shipped step-time table (``h200-llama8b-1b``; see `steptime`): when set, a step
     costs the table's interpolated target forward of K+1 tokens per sequence, plus K draft
     forwards (the first of 2 tokens per sequence: the tokens accepted last step, then 1
-    each; none for n-gram and suffix, `CPU_PROPOSERS`), times ``step_table_scale``, plus ``step_overhead_s`` (the host's per-step work)
-    and, when speculating, ``spec_overhead_s``. ``step_fixed_s``, ``per_batched_token_s``,
-    ``per_kv_token_s`` and ``draft_cost_ratio`` are then unused."""
+    each; none for n-gram and suffix, `CPU_PROPOSERS`), times ``step_table_scale``, plus
+    ``step_overhead_s`` (the host's per-step work) and, when speculating, ``spec_overhead_s``.
+    ``step_fixed_s``, ``per_batched_token_s``, ``per_kv_token_s`` and ``draft_cost_ratio`` are
+    then unused."""
     step_table_scale: float = 1.0
     """Multiplier on every table time (a slower or faster GPU than the table's)."""
     step_table_draft_scale: float = 1.0

@@ -875,7 +875,7 @@ def _peak_unserved(
 ) -> str | None:
     """Why a move to ``k`` would leave the service short of the load it carried lately, or
     None. ``k`` carries less than the current config and less than the peak of about the last
-    day (`memory.recent_peak_rate`), and with maxSurge 0 a restart back at that load would
+    day (`memory.recent_peak`), and with maxSurge 0 a restart back at that load would
     overload the replicas left serving: should the peak come back (a daily one does), ``k``
     would be locked into an overload of its own making. (A re-probe at night promoted n-gram
     K=8, 67 % faster per token at a batch of 10, and the next day's peak met it with less
