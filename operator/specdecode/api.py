@@ -1193,7 +1193,8 @@ class EffectiveSpeculation(StatusModel):
         max_length=512,
     )
     schedule_replaced_k: Optional[int] = Field(
-        None, description="The plain K the schedule replaced (what a revert returns to)."
+        None, description="The plain K the schedule replaced (what a revert returns to); 0: "
+        "speculation off, for a schedule a re-probe chose."
     )
     schedule_step_scale: Optional[float] = Field(
         None,

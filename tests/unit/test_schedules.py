@@ -639,6 +639,99 @@ def test_a_schedule_waits_for_a_load_its_restart_would_not_overload():
     assert after.schedule is None and "its restart would load the replicas left serving to 119%" in after.schedule_note
 
 
+def _at_calm_remembering(peak: float | None, rate: float) -> tuple:
+    """A draft model at K=1 (acceptance 0.4, two replicas, maxSurge 0: it carries 33 req/s,
+    speculation off 42) at the calm of ``rate``, whose batch range of the last hours has
+    faded to the calm's (a real day's peak is 20 hours back), with ``peak`` the load of the
+    last day (`memory.recent_peak`)."""
+    prior = replace(TRUTH, schedule_overhead_s=0.2e-3)
+    settings = auto(prior=prior, max_surge=0)
+    state = ControlState(enabled=True, k=1, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
+                         batch_low=2.0, batch_high=6.0, observed_at=NOW - 60,
+                         recent_peak_rate=peak, recent_peak_at=None if peak is None else NOW - 3600)
+    return step(settings, state, both(workload(rate, alpha=0.4), 1, params=prior), NOW)
+
+
+def test_a_plain_k_that_cannot_carry_the_last_days_peak_gives_way_to_a_schedule_that_does():
+    """At the calm K=1 is the best plain K and no schedule pays for its restart. Should the
+    load of 36 req/s the service saw within the last day come back, K=1 (33 req/s) would be
+    overloaded and, with maxSurge 0, locked there: its restart to off would overload the
+    replica left serving. A schedule drafting K=1 at the calm's batches and nothing at the
+    peak's carries it, for 2 % of the calm's e2e latency: it is adopted now, at the calm. A
+    peak of 45, past even speculation off's 42, adopts it too (it carries 94 % of what off
+    does, K=1 79 %). No peak, or one K=1 carries, changes nothing."""
+    outcomes = {peak: _at_calm_remembering(peak, 6.0) for peak in (None, 30.0, 36.0, 45.0)}
+    for peak in (None, 30.0):
+        decision, after = outcomes[peak]
+        assert not decision.changes and after.schedule is None, (peak, decision.reason)
+    assert outcomes[45.0][0].rule is Rule.SCHEDULE, outcomes[45.0][1].schedule_note
+    decision, after = outcomes[36.0]
+    assert decision.rule is Rule.SCHEDULE and decision.applied and decision.schedule is not None, after.schedule_note
+    schedule = decision.schedule
+    assert schedule.k_at(7) == 1 and schedule.k_at(142) == 0
+    assert "the load reached 36.0 req/s within the last day and K=1 carries 33.2" in decision.reason
+    assert after.schedule == schedule and after.schedule_replaced_k == 1
+    carried = perfmodel.steady_state(replace(TRUTH, schedule_overhead_s=0.2e-3), workload(36.0, alpha=0.4), schedule)
+    assert not carried.saturated
+
+
+def test_a_schedule_that_would_carry_the_peak_for_too_much_of_the_calm_is_not_adopted():
+    """At 12 req/s the calm's batch (18) already falls in the schedule's undrafted range: it
+    would carry the peak for 6.9 % more time per token at today's batch, past the 5 % a
+    schedule may cost to carry it (and near the 8 % at which the after-rollout check reverts
+    it). K=1 stays, and status says why."""
+    decision, after = _at_calm_remembering(36.0, 12.0)
+    assert not decision.changes and after.schedule is None, decision.reason
+    assert "carries 39.7 req/s of the 36.0 that K=1 cannot" in after.schedule_note
+    assert "+6.9% per token now (at most 5%)" in after.schedule_note
+
+
+def _off_remembering(peak: float, schedules_on: bool = True) -> tuple:
+    """Speculation off for four hours (a re-probe is due) at a calm of 6 req/s, a draft model
+    at acceptance 0.8, two replicas, maxSurge 0, and ``peak`` the load of the last day."""
+    settings = auto(max_surge=0, schedules=schedules_on)
+    state = ControlState(enabled=False, k=None, since=NOW - 4 * 3600, live_since=NOW - 4 * 3600 + 300,
+                         ready_replicas=2, observed_at=NOW - 60, recent_peak_rate=peak, recent_peak_at=NOW - 3600)
+    return step(settings, state, both(workload(6, alpha=0.8), 0), NOW)
+
+
+def test_a_reprobe_no_plain_k_could_make_for_the_peak_runs_a_schedule_that_stops_drafting_there():
+    """The re-probe's K=1 carries 35 req/s at the acceptance it assumes; the load reached 40
+    within the last day, and with maxSurge 0 its restart back to off at that load would
+    overload the replica left serving, so plain K stays off (rule 6). A schedule drafting at
+    the calm's batches and not at the peak's carries 39 (speculation off: 42): the re-probe
+    runs it, and speculation off is what it replaced (a revert returns there). With
+    schedules Off the service stays off, as before; a peak K=1 carries re-probes plain K=1."""
+    decision, after = _off_remembering(40.0)
+    assert decision.rule is Rule.REPROBE and decision.action is Action.ENABLE and decision.applied, decision.reason
+    schedule = decision.schedule
+    assert schedule is not None and schedule.k_at(6) >= 1 and schedule.k_at(200) == 0
+    assert decision.reason.startswith(f"re-probe with per-batch-size schedule {schedule.label}")
+    assert "of the last day's peak of 40.0" in decision.reason
+    assert after.enabled and after.schedule == schedule and after.schedule_replaced_k == perfmodel.OFF
+    assert perfmodel.steady_state(TRUTH, workload(40.0 * 0.9, alpha=0.6), schedule).saturated is False
+    held, after = _off_remembering(40.0, schedules_on=False)
+    assert not held.changes and not after.enabled and "staying off" in held.reason
+    plain, after = _off_remembering(30.0)
+    assert plain.rule is Rule.REPROBE and plain.schedule is None and after.k == 1, plain.reason
+
+
+def test_a_schedule_a_reprobe_chose_is_reverted_to_speculation_off():
+    """A schedule the re-probe chose from speculation off, under the truth's 40 % schedule
+    penalty, is reverted to off, not to its largest K, and remembered as rejected."""
+    truth = replace(TRUTH, schedule_penalty=0.4)
+    settings = auto()
+    state = under_schedule(replaced_k=perfmodel.OFF, since=NOW, live_since=NOW + 180.0)
+    for i in range(20):
+        now = NOW + 60.0 * (i + 1)
+        decision, state = step(settings, state, both(workload(8), SCHEDULE, params=truth, now=now), now)
+        if decision.changes:
+            break
+    assert decision.rule is Rule.SCHEDULE_REVERT and decision.action is Action.DISABLE, decision.reason
+    assert not state.enabled and state.k is None and state.schedule is None
+    assert SCHEDULE.label in state.rejected_schedules
+
+
 def test_a_schedule_waits_for_the_verdict_of_a_running_canary():
     """A canary is testing K=2 against the running K=3: a schedule that would save more than
     3 % against K=3 is not adopted meanwhile (its restart would cancel the experiment, and

@@ -164,6 +164,10 @@ class Decision:
     schedule: Schedule | None = None
     """The per-batch-size K schedule decided (``k`` is its largest K); None: plain K. Any
     decision without one leaves a running schedule for plain K."""
+    peak_probe_alpha: float | None = None
+    """A re-probe held because no plain K that pays carries the load of the last day's peak
+    (`rules._peak_unserved`): the acceptance it assumed. The schedules path may re-probe with
+    a schedule that stops drafting at the peak's batch instead (`schedules.consider`)."""
     predicted_effect: float | None = None
     """A schedule's: the model's relative change of time per token against the running config
     at today's load (-0.02: 2 % faster); its canary is judged against it (`experiments.judge`)."""

@@ -785,12 +785,12 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             and _peak_unserved(ctx, calibration, est, probe_preds, k, conservative) is None
         ]
         if not carrying:
-            return _make(
+            return replace(_make(
                 ctx, Action.HOLD, None, Rule.HOLD,
                 f"re-probe due, but {label(probe_k)} (the fastest at {est.request_rate:.2f} req/s): "
                 f"{unserved}; no speculative config that pays carries that load: staying off",
                 metrics=flags, predictions=preds, est=est, scale=scale,
-            )
+            ), peak_probe_alpha=conservative)
         passed_over = f"; not {label(probe_k)}: {unserved}"
         probe_k = max(carrying, key=lambda k: (probe_preds[k].score, -k))
     _, high = _window_rates(ctx, est)

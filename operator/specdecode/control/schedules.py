@@ -13,6 +13,11 @@ rules (`rules.decide`) have decided:
    of the last hours (`batch_memory`). Adopt it
    - when the rules settled on the plain K and the schedule saves at least ``ADOPT_GAIN``
      of the time per token at those batches (rare: per step, neighbouring Ks differ little);
+   - when the plain K cannot carry the load of the last day's peak (`memory.recent_peak`)
+     and a schedule that stops drafting at the peak's batch carries it (within
+     ``PEAK_SHORTFALL``), for at most ``PEAK_CARRY_MAX_LOSS`` of today's e2e latency and time
+     per token: with maxSurge 0 the peak would otherwise meet an overload a restart cannot
+     leave (`_peak_to_carry`);
    - or instead of a load-driven move the rules decided (tuning, hedge: a lower K or off as
      the load rises), when the schedule is predicted within ``ADOPT_MAX_LOSS`` of that move's
      mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
@@ -29,6 +34,10 @@ rules (`rules.decide`) have decided:
    once; a canary would borrow a replica as the load rises). Nothing is adopted while
    another canary experiment runs: its restart would cancel the experiment, and the plain K
    to compare against is the one the verdict leaves.
+1b. Speculation off, a re-probe due, and no plain K that pays carries the last day's peak
+   (the rules stay off, `Decision.peak_probe_alpha`): the re-probe runs a schedule that
+   drafts at the calm's batches and not at the peak's instead (`_reprobe_schedule`); what it
+   replaced is speculation off, which a revert returns to.
 2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
    hard rule) and the bounds still act, and leave the schedule for plain K. For
@@ -103,6 +112,21 @@ shows only when the load first crosses it, which may be days after the rollout. 
 `REVERT_MARGIN`: at capacity the running batch is the engine's cap, further from what the
 calibration measured. Both windows must show it, the long one at one load (`_steady`): a
 backlog draining into the calm queues too, and finishes less than the capacity on average."""
+PEAK_CARRY_MAX_LOSS = 0.05
+"""A schedule adopted because it carries the load of the last day's peak that the plain K in
+effect cannot may cost this much mean e2e latency at today's load: the premium for not
+meeting the peak overloaded, where a restart out of the overload is locked out by its own
+rollout (maxSurge 0) and every window of it is priced against that restart. The same bound
+holds for the time per token at today's batch, which the after-rollout check measures: kept
+under `REVERT_MARGIN` by the noise a window reads, so the premium predicted is not reverted
+as a penalty."""
+PEAK_SHORTFALL = 0.10
+"""How far short of the last day's peak (or of what speculation off carries) a schedule chosen
+to carry it may fall. A schedule pays its per-step cost and its idle draft's memory (a
+smaller batch cap) in the range where it stops drafting: measured on the model, 6-7 % of
+speculation off's capacity at a peak of 40 req/s. And the peak remembered is the highest of
+many windows' reads, above the load they averaged (traced: 41.8 req/s read on a day whose
+load peaked at 38)."""
 PEAK_WEIGHT = 0.25
 """Share of the time the window's peak batch stands for in the proposal (the rest: the mean)."""
 OVERHEAD_BOUNDS = (0.0, 0.05)
@@ -179,6 +203,8 @@ def consider(
         decision, update = _maybe_adopt(settings, state, observed, decision, now, advise=True)
     elif state.schedule is not None:
         decision, update = _under_schedule(settings, state, observed, decision, now)
+    elif not state.enabled and decision.peak_probe_alpha is not None:
+        decision, update = _reprobe_schedule(settings, state, observed, decision, now)
     else:
         decision, update = _maybe_adopt(settings, state, observed, decision, now)
     return decision, replace(update, batches=_batches_now(observed), plain_point=_plain_point(settings, state, observed, now),
@@ -239,9 +265,11 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
         schedule = decision.schedule
         replaced_k, replaced_scale = update.replaced_k, update.replaced_scale
         if schedule is not None and before.schedule is None and replaced_k is None and after.experiments:
-            # Promoted from a canary: it replaces the plain K it ran beside, calibrated by the
-            # step time that K measured in the experiment's windows.
-            replaced_k, replaced_scale = before.k, after.experiments[-1].incumbent_step_scale
+            # Promoted from a canary: it replaces the plain K it ran beside (or speculation
+            # off, for a re-probe), calibrated by the step time measured there in the
+            # experiment's windows.
+            replaced_k = before.k if before.enabled and before.k is not None else OFF
+            replaced_scale = after.experiments[-1].incumbent_step_scale
         new = replace(
             new,
             schedule=schedule,
@@ -332,6 +360,10 @@ def _maybe_adopt(
     prefill = _prefill(est, params)
     target = decision.config if instead else state.k
     ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    peak = None if instead else _peak_to_carry(state, params, est, ks)
+    if peak is not None:
+        # The peak's batch joins those seen: the top range is chosen for the load coming back.
+        batches = [*batches, (peak.batch, PEAK_WEIGHT)]
     candidates = []
     for family in (ks, tuple(sorted({target, state.k}))):
         if not any(k > 0 for k in family):
@@ -398,6 +430,23 @@ def _maybe_adopt(
                 f"{ADOPT_MAX_LOSS:.0%} of it now ({_pct(loss)} e2e) and of K={state.k} at batch "
                 f"{low:.0f} ({_pct(low_loss)} per token): the same restart now, none when the load returns"
             )
+        elif peak is not None:
+            loss = worst_e2e(schedule, state.k)
+            token_loss = worst_loss(schedule, state.k, [(est.batch_per_replica, 1.0)])
+            capacity = perfmodel.steady_state(params, peak.workload(acceptance[0]), schedule).capacity_rps
+            if (capacity < _peak_share(peak.rate, peak.widest_capacity_rps) or loss is None
+                    or max(loss, token_loss) > PEAK_CARRY_MAX_LOSS):
+                notes.append(f"{schedule.label}: carries {capacity:.1f} req/s of the {peak.rate:.1f} that "
+                             f"K={state.k} cannot, {_pct(loss)} e2e and {_pct(token_loss)} per token now "
+                             f"(at most {PEAK_CARRY_MAX_LOSS:.0%})")
+                continue
+            reason = (
+                f"per-batch-size schedule {schedule.label}: the load reached {peak.rate:.1f} req/s within the "
+                f"last day and K={state.k} carries {peak.plain_capacity_rps:.1f}; the schedule carries "
+                f"{capacity:.1f} (crossovers {_crossovers(proposal)}) at {_pct(loss)} e2e and "
+                f"{_pct(token_loss)} per token now: should the peak come back, it meets no overload and "
+                "needs no restart"
+            )
         else:
             gain = -worst_loss(schedule, state.k, batches)
             loss = worst_e2e(schedule, state.k, SURGE)
@@ -428,6 +477,131 @@ def _maybe_adopt(
             replaced_k=state.k, replaced_scale=replaced_scale,
         )
     return decision, ScheduleUpdate(note=("plain K: " + "; ".join(notes))[:512])
+
+
+@dataclass(frozen=True)
+class PeakToCarry:
+    """The load of the last day's peak, which the plain K in effect cannot carry."""
+
+    rate: float
+    """Request rate (`ControlState.recent_peak_rate`)."""
+    factor: float
+    """That rate over today's."""
+    batch: float
+    """Running batch of a replica of the most capacious config of the family at that rate
+    (its batch cap if even that one is overloaded)."""
+    plain_capacity_rps: float
+    """What the plain K in effect carries (at today's acceptance)."""
+    widest_capacity_rps: float
+    """What the most capacious config of the family carries."""
+    est: Estimate
+
+    def workload(self, alpha: float) -> perfmodel.Workload:
+        return workload_of(self.est, alpha, self.factor)
+
+
+def _peak_to_carry(
+    state: ControlState, params: EngineParams, est: Estimate, ks: Sequence[int],
+) -> PeakToCarry | None:
+    """The peak of the last day (`memory.recent_peak`) when the plain K in effect would be
+    overloaded by it and a config of the family ``ks`` carries more, else None. A plain K
+    chosen at the calm (a re-probe, a tuning move) can carry less than the peak that comes
+    back daily; with maxSurge 0 its restart to a config that carries it would then overload
+    the replicas left serving, and the service rides the peak overloaded (traced: a re-probe
+    at night chose K=1, and the next day's peak of 37 req/s met it at a batch of 600 while
+    speculation off carried it). A schedule whose top range is that config follows the peak
+    with no restart."""
+    peak = state.recent_peak_rate
+    if peak is None or state.k is None or est.request_rate <= 0 or peak <= est.request_rate:
+        return None
+    factor = peak / est.request_rate
+    workload = workload_of(est, est.alpha, factor)
+    plain = perfmodel.steady_state(params, workload, state.k)
+    if not plain.saturated:
+        return None
+    others = [perfmodel.steady_state(params, workload, k) for k in ks if k != state.k]
+    widest = max(others, key=lambda s: s.capacity_rps, default=None)
+    if widest is None or widest.capacity_rps <= plain.capacity_rps:
+        return None
+    return PeakToCarry(rate=peak, factor=factor, batch=widest.batch, plain_capacity_rps=plain.capacity_rps,
+                       widest_capacity_rps=widest.capacity_rps, est=est)
+
+
+def _peak_share(peak: float, widest: float) -> float:
+    """What a schedule must carry of the last day's ``peak``: all but ``PEAK_SHORTFALL`` of it,
+    or of what the most capacious plain config carries (``widest``) where that is less."""
+    return (1.0 - PEAK_SHORTFALL) * min(peak, widest)
+
+
+def _reprobe_schedule(
+    settings: PolicySettings, state: ControlState, observed: Any, decision: Decision, now: float,
+) -> tuple[Decision, ScheduleUpdate]:
+    """A re-probe with a schedule where the rules found no plain K that pays and carries the
+    load of the last day's peak (`Decision.peak_probe_alpha`): the schedule drafts at the
+    calm's batches and stops drafting at the peak's, so it carries about what speculation off
+    does (`_peak_share`), and the calm gets the draft's speed back without waiting for the
+    peak's memory to fade (traced: after a day's only peak the service stayed off through the
+    calm the oracle served at K=3). The rules' re-probe acceptance (remembered, less the
+    probe's discount), the calibrated step time of speculation off; the same pacing (the
+    cooldown, the change budget, a restart the replicas left serving carry); a canary first
+    where experiments run (purpose Reprobe), and after the rollout the schedule's checks
+    with speculation off as the config it replaced."""
+    if not getattr(observed, "available", False) or observed.window is None or OFF not in settings.configs():
+        return decision, ScheduleUpdate()
+    obs: Observation = observed.window
+    peak, alpha = state.recent_peak_rate, decision.peak_probe_alpha
+    if obs.idle or obs.requests < settings.min_requests or peak is None or alpha is None:
+        return decision, ScheduleUpdate()
+    est = estimate(obs, settings.tuning)
+    scale = _clamped_scale(settings, OFF, est)
+    if scale is None or est.batch_per_replica is None or est.request_rate <= 0 or peak <= est.request_rate:
+        return decision, ScheduleUpdate()
+    params = _calibrated(settings, state, scale, None)
+    at_peak = workload_of(est, alpha, peak / est.request_rate)
+    now_load = workload_of(est, alpha)
+    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    off_at_peak = perfmodel.steady_state(params, at_peak, OFF)
+    positions = _positions(alpha, params.acceptance_decay, settings.max_k)
+    context = est.prompt_tokens + est.output_tokens / 2.0
+    try:
+        proposal = perfmodel.propose_schedule(
+            params, positions, [(est.batch_per_replica, 0.5), (off_at_peak.batch, 0.5)], context, ks,
+            prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+        )
+    except perfmodel.ScheduleError:
+        return decision, ScheduleUpdate()
+    schedule = proposal.schedule
+    if len(schedule.bands) < 2 or schedule.label in state.rejected_schedules:
+        return decision, ScheduleUpdate(note="no schedule re-probes: none drafts at the calm and not at the peak")
+    carries = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
+    needed = _peak_share(peak, off_at_peak.capacity_rps)
+    off, scheduled = perfmodel.steady_state(params, now_load, OFF), perfmodel.steady_state(params, now_load, schedule)
+    gain = off.e2e_s / scheduled.e2e_s - 1.0 if not scheduled.saturated and not off.saturated else -math.inf
+    why = schedule_backing_off(settings, state, schedule, now)
+    if why is None and carries < needed:
+        why = f"it carries {carries:.1f} req/s, short of the {needed:.1f} of the peak it must carry"
+    if why is None and gain < settings.tuning.min_gain:
+        why = f"{gain:+.1%} e2e against off at {est.request_rate:.2f} req/s (needs {settings.tuning.min_gain:.0%})"
+    if why is None:
+        why = _overloading_restart(settings, params, est, schedule, OFF, observed.highest_request_rate(settings))
+    if why is None and not _restart_allowed(settings, state, now):
+        why = "the cooldown or the change budget holds restarts"
+    if why is not None:
+        return decision, ScheduleUpdate(note=f"off: no re-probe with {schedule.label}: {why}"[:512])
+    here = [(est.batch_per_replica, 1.0)]
+    predicted = (_per_token(params, schedule, here, context, positions)
+                 / _per_token(params, OFF, here, context, positions) - 1.0)
+    reason = (
+        f"re-probe with per-batch-size schedule {schedule.label} (crossovers {_crossovers(proposal)}): at alpha "
+        f"{alpha:.2f} predicted {gain:+.1%} e2e against off at {est.request_rate:.2f} req/s, and it carries "
+        f"{carries:.1f} req/s of the last day's peak of {peak:.1f}, drafting nothing at its batch; no plain K "
+        f"would do: {decision.reason}"
+    )
+    return replace(
+        decision, action=Action.ENABLE, enabled=True, k=schedule.max_k, reason=reason[:1024], rule=Rule.REPROBE,
+        applied=True, held=None, wanted=None, schedule=schedule, step_scale=scale, predicted_effect=stored(predicted),
+    ), ScheduleUpdate(note=f"re-probed from off, carrying the peak of {peak:.1f} req/s", replaced_k=OFF,
+                      replaced_scale=scale)
 
 
 def _shuts_way_out(
@@ -533,7 +707,7 @@ def _under_schedule(
     measured = _measured_per_token(obs)
     if measured is None:
         return decision, ScheduleUpdate()
-    plain_k = state.schedule_replaced_k or schedule.max_k
+    plain_k = _replaced_config(state)
     workload = workload_of(est, est.alpha)
     baseline = plain_baseline_at(state.plain_baseline, plain_k, params, est, obs.batch_per_pod)
     if baseline is not None:
@@ -606,7 +780,7 @@ def _behind(
     if not alphas:
         return None
     params = _calibrated(settings, state, state.schedule_step_scale, est.decay)
-    plain_k = state.schedule_replaced_k or state.schedule.max_k
+    plain_k = _replaced_config(state)
     plain_serves = perfmodel.capacity(params, workload_of(est, min(alphas)), plain_k) / max(1, params.replicas)
     finished = _finished_short(obs, plain_serves)
     if finished is None or _finished_short(guard, plain_serves) is None:
@@ -640,11 +814,20 @@ def _finished_short(obs: Observation, plain_serves: float) -> float | None:
 
 
 def _revert(decision: Decision, schedule: Schedule, plain_k: int, reason: str) -> Decision:
-    """Back from ``schedule`` to the plain K it replaced (the caller rejects the schedule)."""
+    """Back from ``schedule`` to the plain K it replaced, or to speculation off for one a
+    re-probe chose (the caller rejects the schedule)."""
     return replace(
-        decision, action=Action.SET_K, enabled=True, k=plain_k, reason=reason, rule=Rule.SCHEDULE_REVERT,
+        decision, action=Action.SET_K if plain_k != OFF else Action.DISABLE, enabled=plain_k != OFF,
+        k=plain_k if plain_k != OFF else None, reason=reason, rule=Rule.SCHEDULE_REVERT,
         applied=True, held=None, wanted=None, schedule=None, step_scale=None,
     )
+
+
+def _replaced_config(state: ControlState) -> int:
+    """What the schedule in effect replaced, which a revert returns to: a plain K, or OFF for
+    one a re-probe chose; its largest K when a status from an older operator did not say."""
+    assert state.schedule is not None
+    return state.schedule.max_k if state.schedule_replaced_k is None else state.schedule_replaced_k
 
 
 def _tpot_text(obs: Observation) -> str:

@@ -194,7 +194,8 @@ def choose(
             # The user changed what may run (a vLLM without tables, a layout that ignores them,
             # schedules Off): the operator's own table gives way, to the plain K it replaced (a
             # revert returns there too), not to its largest K, which suits only small batches.
-            back = bounded(earlier.schedule_replaced_k or k, s.min_k, s.max_k, s.allow_disable,
+            replaced = k if earlier.schedule_replaced_k is None else earlier.schedule_replaced_k
+            back = bounded(replaced, s.min_k, s.max_k, s.allow_disable,
                            s.num_speculative_tokens)
             return (SpeculationChoice(k=back or None), cause_of(earlier),
                     f"the schedule {earlier.schedule} cannot run ({blocked}): {label(back)}, the plain K it replaced")
