@@ -14,8 +14,7 @@ rules (`rules.decide`) have decided:
    - when the rules settled on the plain K and the schedule saves at least ``ADOPT_GAIN``
      of the time per token at those batches (rare: per step, neighbouring Ks differ little);
    - when the plain K cannot carry the load of the last day's peak (`memory.recent_peak`)
-     and a schedule that stops drafting at the peak's batch carries it (within
-     ``PEAK_SHORTFALL``), for at most ``PEAK_CARRY_MAX_LOSS`` of today's e2e latency and time
+     and a schedule that stops drafting at the peak's batch carries it, for at most ``PEAK_CARRY_MAX_LOSS`` of today's e2e latency and time
      per token: with maxSurge 0 the peak would otherwise meet an overload a restart cannot
      leave (`_peak_to_carry`);
    - or instead of a load-driven move the rules decided (tuning, hedge: a lower K or off as
@@ -120,13 +119,6 @@ rollout (maxSurge 0) and every window of it is priced against that restart. The 
 holds for the time per token at today's batch, which the after-rollout check measures: kept
 under `REVERT_MARGIN` by the noise a window reads, so the premium predicted is not reverted
 as a penalty."""
-PEAK_SHORTFALL = 0.10
-"""How far short of the last day's peak (or of what speculation off carries) a schedule chosen
-to carry it may fall. A schedule pays its per-step cost and its idle draft's memory (a
-smaller batch cap) in the range where it stops drafting: measured on the model, 6-7 % of
-speculation off's capacity at a peak of 40 req/s. And the peak remembered is the highest of
-many windows' reads, above the load they averaged (traced: 41.8 req/s read on a day whose
-load peaked at 38)."""
 PEAK_WEIGHT = 0.25
 """Share of the time the window's peak batch stands for in the proposal (the rest: the mean)."""
 OVERHEAD_BOUNDS = (0.0, 0.05)
@@ -434,7 +426,7 @@ def _maybe_adopt(
             loss = worst_e2e(schedule, state.k)
             token_loss = worst_loss(schedule, state.k, [(est.batch_per_replica, 1.0)])
             capacity = perfmodel.steady_state(params, peak.workload(acceptance[0]), schedule).capacity_rps
-            if (capacity < _peak_share(peak.rate, peak.widest_capacity_rps) or loss is None
+            if (capacity < peak.rate or loss is None
                     or max(loss, token_loss) > PEAK_CARRY_MAX_LOSS):
                 notes.append(f"{schedule.label}: carries {capacity:.1f} req/s of the {peak.rate:.1f} that "
                              f"K={state.k} cannot, {_pct(loss)} e2e and {_pct(token_loss)} per token now "
@@ -492,8 +484,6 @@ class PeakToCarry:
     (its batch cap if even that one is overloaded)."""
     plain_capacity_rps: float
     """What the plain K in effect carries (at today's acceptance)."""
-    widest_capacity_rps: float
-    """What the most capacious config of the family carries."""
     est: Estimate
 
     def workload(self, alpha: float) -> perfmodel.Workload:
@@ -523,14 +513,7 @@ def _peak_to_carry(
     widest = max(others, key=lambda s: s.capacity_rps, default=None)
     if widest is None or widest.capacity_rps <= plain.capacity_rps:
         return None
-    return PeakToCarry(rate=peak, factor=factor, batch=widest.batch, plain_capacity_rps=plain.capacity_rps,
-                       widest_capacity_rps=widest.capacity_rps, est=est)
-
-
-def _peak_share(peak: float, widest: float) -> float:
-    """What a schedule must carry of the last day's ``peak``: all but ``PEAK_SHORTFALL`` of it,
-    or of what the most capacious plain config carries (``widest``) where that is less."""
-    return (1.0 - PEAK_SHORTFALL) * min(peak, widest)
+    return PeakToCarry(rate=peak, factor=factor, batch=widest.batch, plain_capacity_rps=plain.capacity_rps, est=est)
 
 
 def _reprobe_schedule(
@@ -538,8 +521,7 @@ def _reprobe_schedule(
 ) -> tuple[Decision, ScheduleUpdate]:
     """A re-probe with a schedule where the rules found no plain K that pays and carries the
     load of the last day's peak (`Decision.peak_probe_alpha`): the schedule drafts at the
-    calm's batches and stops drafting at the peak's, so it carries about what speculation off
-    does (`_peak_share`), and the calm gets the draft's speed back without waiting for the
+    calm's batches and stops drafting at the peak's, so it carries the peak, and the calm gets the draft's speed back without waiting for the
     peak's memory to fade (traced: after a day's only peak the service stayed off through the
     calm the oracle served at K=3). The rules' re-probe acceptance (remembered, less the
     probe's discount), the calibrated step time of speculation off; the same pacing (the
@@ -574,12 +556,11 @@ def _reprobe_schedule(
     if len(schedule.bands) < 2 or schedule.label in state.rejected_schedules:
         return decision, ScheduleUpdate(note="no schedule re-probes: none drafts at the calm and not at the peak")
     carries = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
-    needed = _peak_share(peak, off_at_peak.capacity_rps)
     off, scheduled = perfmodel.steady_state(params, now_load, OFF), perfmodel.steady_state(params, now_load, schedule)
     gain = off.e2e_s / scheduled.e2e_s - 1.0 if not scheduled.saturated and not off.saturated else -math.inf
     why = schedule_backing_off(settings, state, schedule, now)
-    if why is None and carries < needed:
-        why = f"it carries {carries:.1f} req/s, short of the {needed:.1f} of the peak it must carry"
+    if why is None and carries < peak:
+        why = f"it carries {carries:.1f} req/s, short of the peak's {peak:.1f}"
     if why is None and gain < settings.tuning.min_gain:
         why = f"{gain:+.1%} e2e against off at {est.request_rate:.2f} req/s (needs {settings.tuning.min_gain:.0%})"
     if why is None:
@@ -633,7 +614,8 @@ def _one_model(params: EngineParams) -> Calibration:
 
 
 def _overloading_restart(
-    settings: PolicySettings, params: EngineParams, est: Estimate, schedule: Schedule, k: int, rate: float,
+    settings: PolicySettings, params: EngineParams, est: Estimate, schedule: Schedule, k: perfmodel.Config,
+    rate: float,
 ) -> str | None:
     """Why adopting ``schedule`` over plain ``k`` at ``rate`` would overload the replicas left
     serving (None: it would not, or maxSurge >= 1): a rollout, or a canary's start borrowing
@@ -740,7 +722,8 @@ def _under_schedule(
             overhead_s=overhead, rejected=schedule.label,
         )
     replacement = _replacement(settings, state, params, est, acceptance, batches,
-                               overhead if overhead is not None else params.schedule_overhead_s, now)
+                               overhead if overhead is not None else params.schedule_overhead_s, now,
+                               observed.highest_request_rate(settings))
     if replacement is not None and not decision.changes:
         new, saving = replacement
         reason = (
@@ -862,9 +845,15 @@ def plain_baseline_at(
 def _replacement(
     settings: PolicySettings, state: ControlState, params: EngineParams, est: Estimate,
     acceptance: Sequence[float], batches: Sequence[tuple[float, float]], overhead: float, now: float,
+    rate: float,
 ) -> tuple[Schedule, float] | None:
     """A new schedule when the acceptance regime changed enough, judged on the whole batch
-    range with equal weights (the same whatever the load)."""
+    range with equal weights (the same whatever the load). Like an adoption, its restart (or
+    its canary's borrowed replica) waits for a load the replicas left serving carry at
+    ``rate``, and it may not carry less of the last day's peak than the schedule it replaces:
+    traced, a replacement drafting at every batch started its canary as the
+    second peak rose, and the schedule it was to replace, which stops drafting there, fell
+    behind the peak on the replica left to it."""
     schedule = state.schedule
     assert schedule is not None
     if est.draft_tokens < settings.min_drafts:
@@ -885,6 +874,14 @@ def _replacement(
     new = proposal.schedule
     if len(new.bands) < 2 or new.label == schedule.label or new.label in state.rejected_schedules:
         return None
+    if _overloading_restart(settings, params, est, new, schedule, rate) is not None:
+        return None
+    peak = state.recent_peak_rate
+    if peak is not None and peak > est.request_rate:
+        at_peak = workload_of(est, acceptance[0], peak / est.request_rate)
+        carried = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
+        if perfmodel.steady_state(params, at_peak, new).capacity_rps < min(peak, carried):
+            return None
     grid = [(float(b), 1.0) for b in GRID if b <= params.max_num_seqs]
     old_cost = _per_token(params, schedule, grid, context, acceptance)
     new_cost = _per_token(params, new, grid, context, acceptance)
