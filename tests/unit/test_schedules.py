@@ -639,13 +639,13 @@ def test_a_schedule_waits_for_a_load_its_restart_would_not_overload():
     assert after.schedule is None and "its restart would load the replicas left serving to 119%" in after.schedule_note
 
 
-def _at_calm_remembering(peak: float | None, rate: float) -> tuple:
+def _at_calm_remembering(peak: float | None, rate: float, max_surge: int = 0) -> tuple:
     """A draft model at K=1 (acceptance 0.4, two replicas, maxSurge 0: it carries 33 req/s,
     speculation off 42) at the calm of ``rate``, whose batch range of the last hours has
     faded to the calm's (a real day's peak is 20 hours back), with ``peak`` the load of the
     last day (`memory.recent_peak`)."""
     prior = replace(TRUTH, schedule_overhead_s=0.2e-3)
-    settings = auto(prior=prior, max_surge=0)
+    settings = auto(prior=prior, max_surge=max_surge)
     state = ControlState(enabled=True, k=1, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
                          batch_low=2.0, batch_high=6.0, observed_at=NOW - 60,
                          recent_peak_rate=peak, recent_peak_at=None if peak is None else NOW - 3600)
@@ -672,6 +672,8 @@ def test_a_plain_k_that_cannot_carry_the_last_days_peak_gives_way_to_a_schedule_
     assert after.schedule == schedule and after.schedule_replaced_k == 1
     carried = perfmodel.steady_state(replace(TRUTH, schedule_overhead_s=0.2e-3), workload(36.0, alpha=0.4), schedule)
     assert not carried.saturated
+    surge, after = _at_calm_remembering(36.0, 6.0, max_surge=1)
+    assert not surge.changes and after.schedule is None, "with maxSurge 1 a restart at the peak is no lock"
 
 
 def test_a_schedule_that_would_carry_the_peak_for_too_much_of_the_calm_is_not_adopted():

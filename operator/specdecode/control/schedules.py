@@ -14,9 +14,9 @@ rules (`rules.decide`) have decided:
    - when the rules settled on the plain K and the schedule saves at least ``ADOPT_GAIN``
      of the time per token at those batches (rare: per step, neighbouring Ks differ little);
    - when the plain K cannot carry the load of the last day's peak (`memory.recent_peak`)
-     and a schedule that stops drafting at the peak's batch carries it, for at most ``PEAK_CARRY_MAX_LOSS`` of today's e2e latency and time
-     per token: with maxSurge 0 the peak would otherwise meet an overload a restart cannot
-     leave (`_peak_to_carry`);
+     and a schedule that stops drafting at the peak's batch carries it, for at most
+     ``PEAK_CARRY_MAX_LOSS`` of today's e2e latency and time per token: with maxSurge 0 the
+     peak would otherwise meet an overload a restart cannot leave (`_peak_to_carry`);
    - or instead of a load-driven move the rules decided (tuning, hedge: a lower K or off as
      the load rises), when the schedule is predicted within ``ADOPT_MAX_LOSS`` of that move's
      mean e2e latency at today's load and within ``ADOPT_MAX_LOSS`` of the plain K's time per
@@ -352,7 +352,7 @@ def _maybe_adopt(
     prefill = _prefill(est, params)
     target = decision.config if instead else state.k
     ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
-    peak = None if instead else _peak_to_carry(state, params, est, ks)
+    peak = None if instead else _peak_to_carry(settings, state, params, est, ks)
     if peak is not None:
         # The peak's batch joins those seen: the top range is chosen for the load coming back.
         batches = [*batches, (peak.batch, PEAK_WEIGHT)]
@@ -491,14 +491,14 @@ class PeakToCarry:
 
 
 def _peak_to_carry(
-    state: ControlState, params: EngineParams, est: Estimate, ks: Sequence[int],
+    settings: PolicySettings, state: ControlState, params: EngineParams, est: Estimate, ks: Sequence[int],
 ) -> PeakToCarry | None:
     """The peak of the last day (`memory.recent_peak`) when the plain K in effect would be
     overloaded by it and a config of the family ``ks`` carries more, else None. A plain K
     chosen at the calm (a re-probe, a tuning move) can carry less than the peak that comes
     back daily; with maxSurge 0 its restart to a config that carries it would then overload
     the replicas left serving, and the service rides the peak overloaded (traced: a re-probe
-    at night chose K=1, and the next day's peak of 37 req/s met it at a batch of 600 while
+    at night chose K=1, and the next day's peak of 37 req/s met it at batches of 450-690 while
     speculation off carried it). A schedule whose top range is that config follows the peak
     with no restart."""
     peak = state.recent_peak_rate
@@ -513,6 +513,8 @@ def _peak_to_carry(
     widest = max(others, key=lambda s: s.capacity_rps, default=None)
     if widest is None or widest.capacity_rps <= plain.capacity_rps:
         return None
+    if overloading_rollout(_one_model(params), est, (state.k, widest.k), settings, peak) is None:
+        return None  # maxSurge >= 1: at the peak the rules' own restart carries the load
     return PeakToCarry(rate=peak, factor=factor, batch=widest.batch, plain_capacity_rps=plain.capacity_rps, est=est)
 
 
