@@ -351,7 +351,7 @@ def _maybe_adopt(
     context = est.prompt_tokens + est.output_tokens / 2.0
     prefill = _prefill(est, params)
     target = decision.config if instead else state.k
-    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    ks = _family(settings, state)
     peak = None if instead else _peak_to_carry(settings, state, params, est, ks)
     if peak is not None:
         # The peak's batch joins those seen: the top range is chosen for the load coming back.
@@ -425,7 +425,8 @@ def _maybe_adopt(
         elif peak is not None:
             loss = worst_e2e(schedule, state.k)
             token_loss = worst_loss(schedule, state.k, [(est.batch_per_replica, 1.0)])
-            capacity = perfmodel.steady_state(params, peak.workload(acceptance[0]), schedule).capacity_rps
+            at_peak = _peak_workload(est, acceptance[0], peak.rate)
+            capacity = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
             if (capacity < peak.rate or loss is None
                     or max(loss, token_loss) > PEAK_CARRY_MAX_LOSS):
                 notes.append(f"{schedule.label}: carries {capacity:.1f} req/s of the {peak.rate:.1f} that "
@@ -477,17 +478,11 @@ class PeakToCarry:
 
     rate: float
     """Request rate (`ControlState.recent_peak_rate`)."""
-    factor: float
-    """That rate over today's."""
     batch: float
     """Running batch of a replica of the most capacious config of the family at that rate
     (its batch cap if even that one is overloaded)."""
     plain_capacity_rps: float
     """What the plain K in effect carries (at today's acceptance)."""
-    est: Estimate
-
-    def workload(self, alpha: float) -> perfmodel.Workload:
-        return workload_of(self.est, alpha, self.factor)
 
 
 def _peak_to_carry(
@@ -504,8 +499,7 @@ def _peak_to_carry(
     peak = state.recent_peak_rate
     if peak is None or state.k is None or est.request_rate <= 0 or peak <= est.request_rate:
         return None
-    factor = peak / est.request_rate
-    workload = workload_of(est, est.alpha, factor)
+    workload = _peak_workload(est, est.alpha, peak)
     plain = perfmodel.steady_state(params, workload, state.k)
     if not plain.saturated:
         return None
@@ -515,7 +509,18 @@ def _peak_to_carry(
         return None
     if overloading_rollout(_one_model(params), est, (state.k, widest.k), settings, peak) is None:
         return None  # maxSurge >= 1: at the peak the rules' own restart carries the load
-    return PeakToCarry(rate=peak, factor=factor, batch=widest.batch, plain_capacity_rps=plain.capacity_rps, est=est)
+    return PeakToCarry(rate=peak, batch=widest.batch, plain_capacity_rps=plain.capacity_rps)
+
+
+def _peak_workload(est: Estimate, alpha: float | None, peak: float) -> perfmodel.Workload:
+    """Today's workload at acceptance ``alpha`` with the request rate of the last day's ``peak``."""
+    return workload_of(est, alpha, peak / est.request_rate)
+
+
+def _family(settings: PolicySettings, state: ControlState) -> tuple[int, ...]:
+    """The configs a schedule may map batches to: off (when allowed) and every K not excluded
+    for failing to start."""
+    return tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
 
 
 def _reprobe_schedule(
@@ -523,14 +528,14 @@ def _reprobe_schedule(
 ) -> tuple[Decision, ScheduleUpdate]:
     """A re-probe with a schedule where the rules found no plain K that pays and carries the
     load of the last day's peak (`Decision.peak_probe_alpha`): the schedule drafts at the
-    calm's batches and stops drafting at the peak's, so it carries the peak, and the calm gets the draft's speed back without waiting for the
-    peak's memory to fade (traced: after a day's only peak the service stayed off through the
-    calm the oracle served at K=3). The rules' re-probe acceptance (remembered, less the
-    probe's discount), the calibrated step time of speculation off; the same pacing (the
-    cooldown, the change budget, a restart the replicas left serving carry); a canary first
-    where experiments run (purpose Reprobe), and after the rollout the schedule's checks
-    with speculation off as the config it replaced."""
-    if not getattr(observed, "available", False) or observed.window is None or OFF not in settings.configs():
+    calm's batches and stops drafting at the peak's, so it carries the peak, and the calm gets
+    the draft's speed back without waiting for the peak's memory to fade (traced: after a
+    day's only peak `diurnal-load` stayed off through the calm to its end). The rules'
+    re-probe acceptance (remembered, less the probe's discount), the calibrated step time of
+    speculation off; the same pacing (the cooldown, the change budget, a restart the replicas
+    left serving carry); a canary first where experiments run (purpose Reprobe), and after
+    the rollout the schedule's checks with speculation off as the config it replaced."""
+    if not getattr(observed, "available", False) or observed.window is None or not settings.allow_disable:
         return decision, ScheduleUpdate()
     obs: Observation = observed.window
     peak, alpha = state.recent_peak_rate, decision.peak_probe_alpha
@@ -541,9 +546,9 @@ def _reprobe_schedule(
     if scale is None or est.batch_per_replica is None or est.request_rate <= 0 or peak <= est.request_rate:
         return decision, ScheduleUpdate()
     params = _calibrated(settings, state, scale, None)
-    at_peak = workload_of(est, alpha, peak / est.request_rate)
+    at_peak = _peak_workload(est, alpha, peak)
     now_load = workload_of(est, alpha)
-    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    ks = _family(settings, state)
     off_at_peak = perfmodel.steady_state(params, at_peak, OFF)
     positions = _positions(alpha, params.acceptance_decay, settings.max_k)
     context = est.prompt_tokens + est.output_tokens / 2.0
@@ -853,9 +858,9 @@ def _replacement(
     range with equal weights (the same whatever the load). Like an adoption, its restart (or
     its canary's borrowed replica) waits for a load the replicas left serving carry at
     ``rate``, and it may not carry less of the last day's peak than the schedule it replaces:
-    traced, a replacement drafting at every batch started its canary as the
-    second peak rose, and the schedule it was to replace, which stops drafting there, fell
-    behind the peak on the replica left to it."""
+    traced, a replacement drafting at every batch started its canary as the second peak rose,
+    and the schedule it was to replace, which stops drafting there, fell behind the peak on
+    the replica left to it."""
     schedule = state.schedule
     assert schedule is not None
     if est.draft_tokens < settings.min_drafts:
@@ -865,7 +870,7 @@ def _replacement(
         return None
     params = replace(params, schedule_overhead_s=overhead)
     context = est.prompt_tokens + est.output_tokens / 2.0
-    ks = tuple(k for k in settings.configs() if k == OFF or k not in state.excluded_ks)
+    ks = _family(settings, state)
     try:
         proposal = perfmodel.propose_schedule(
             params, acceptance, batches, context, ks,
@@ -880,7 +885,7 @@ def _replacement(
         return None
     peak = state.recent_peak_rate
     if peak is not None and peak > est.request_rate:
-        at_peak = workload_of(est, acceptance[0], peak / est.request_rate)
+        at_peak = _peak_workload(est, acceptance[0], peak)
         carried = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
         if perfmodel.steady_state(params, at_peak, new).capacity_rps < min(peak, carried):
             return None
