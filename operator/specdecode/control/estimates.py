@@ -238,9 +238,19 @@ class Calibration:
     on: EngineParams
     scale_now: float | None
     """Scale measured on the current config in this window."""
+    slower: tuple[int, float] | None = None
+    """(config, factor): that one config's time costs multiplied by the factor (`slowed`)."""
 
     def params_for(self, k: int) -> EngineParams:
-        return self.off if k == OFF else self.on
+        params = self.off if k == OFF else self.on
+        if self.slower is not None and self.slower[0] == k:
+            params = scaled_params(params, self.slower[1], None)
+        return params
+
+    def slowed(self, k: int, factor: float) -> "Calibration":
+        """The same calibration with config ``k``'s step ``factor`` times slower: a config
+        the running one does not measure is the prior's shape extrapolated from this load."""
+        return replace(self, slower=(k, factor))
 
 
 def round_rel(value: float, step: float) -> float:

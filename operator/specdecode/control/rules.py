@@ -644,7 +644,7 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
     margin = t.probe_abandon_margin if probing else t.fast_fallback_margin
     target = max(lower, key=lambda k: (preds[k].score, -k))
     if preds[target].score >= cur.score * (1 + margin) and _robust(
-        ctx, calibration, est, current, target, margin=0.0
+        ctx, calibration, est, current, target, margin=0.0, unmeasured=t.unmeasured_step_tolerance
     ) and not _canary_start_alone(ctx, est, current, target, margin):
         rule = Rule.PROBE_ABANDON if probing else Rule.FAST_FALLBACK
         what = "re-probe does not pay" if probing else "speculation hurts at this load"
@@ -698,10 +698,17 @@ def _robust(
     current: int,
     candidate: int,
     margin: float,
+    unmeasured: float = 0.0,
 ) -> bool:
     """The candidate scores at least (1 + margin) x the current one at every corner of the
-    confidence box: alpha +- z*sigma and request rate x (1 +- z*rel)."""
+    confidence box: alpha +- z*sigma and request rate x (1 +- z*rel); with ``unmeasured``,
+    also with the candidate's step that much slower than the model says (a move no canary
+    measures first: `PolicyTuning.unmeasured_step_tolerance`)."""
     t = ctx.tuning
+    if unmeasured > 0:
+        slowed = predict(calibration.slowed(candidate, 1.0 + unmeasured), est, (current, candidate), current, ctx.settings)
+        if slowed[candidate].score < slowed[current].score * (1 + margin):
+            return False
     alphas = [est.alpha]
     if est.alpha is not None and est.alpha_stderr is not None:
         dz = t.confidence_z * est.alpha_stderr

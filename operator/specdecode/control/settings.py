@@ -26,6 +26,14 @@ class PolicyTuning:
     """A re-probe that does not pay is abandoned on its first short window."""
     confidence_z: float = 2.0
     """Width of the confidence box, in standard errors."""
+    unmeasured_step_tolerance: float = 0.05
+    """The fast fallback restarts every replica on the model's word, with no canary to measure
+    the config it moves to, so its case must also hold with that config's step this much
+    slower than predicted: the calibration fits the running config at today's load, and the
+    other config is the prior's shape carried there. Near saturation a capacity difference
+    smaller than that decides the queue, and the predicted gain with it (n-gram on the H200's
+    measured steps, 28 req/s: off predicted 1.96x K=3 on capacities 2 % apart, where K=3
+    carried 3 % more)."""
     overdispersion: float = 4.0
     """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
     payback_horizon_s: float = 3600.0
