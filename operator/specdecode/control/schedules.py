@@ -416,6 +416,10 @@ def _maybe_adopt(
                 notes.append(f"{schedule.label}: {_pct(loss)} e2e against {_label(target)} now, "
                              f"{_pct(low_loss)} per token against K={state.k} at batch {low:.0f}")
                 continue
+            short = _peak_shortfall(state, params, est, acceptance[0], schedule, state.k)
+            if short is not None:
+                notes.append(f"{schedule.label}: {short}")
+                continue
             reason = (
                 f"instead of {_label(target)} ({decision.rule.value}: {decision.reason})"[:400]
                 + f"; per-batch-size schedule {schedule.label} is predicted within "
@@ -446,6 +450,10 @@ def _maybe_adopt(
             if gain < ADOPT_GAIN or loss is None or loss > ADOPT_MAX_LOSS:
                 notes.append(f"{schedule.label}: {gain:.1%} per token saved against K={state.k} "
                              f"(needs {ADOPT_GAIN:.0%}), {_pct(loss)} e2e")
+                continue
+            short = _peak_shortfall(state, params, est, acceptance[0], schedule, state.k)
+            if short is not None:
+                notes.append(f"{schedule.label}: saves {gain:.1%} per token against K={state.k} but {short}")
                 continue
             reason = (
                 f"per-batch-size schedule {schedule.label} saves {gain:.1%} per token against "
@@ -515,6 +523,26 @@ def _peak_to_carry(
 def _peak_workload(est: Estimate, alpha: float | None, peak: float) -> perfmodel.Workload:
     """Today's workload at acceptance ``alpha`` with the request rate of the last day's ``peak``."""
     return workload_of(est, alpha, peak / est.request_rate)
+
+
+def _peak_shortfall(
+    state: ControlState, params: EngineParams, est: Estimate, alpha: float | None,
+    new: perfmodel.Config, old: perfmodel.Config,
+) -> str | None:
+    """Why ``new`` would carry less of the last day's peak than ``old`` does (None: as much,
+    all of it, or no peak above today's load). Where the peak overloads ``old`` already, the
+    queue it builds grows with every request a second less carries: a schedule's own cost
+    (0.2 % of capacity there) cost a peak on the H200's measured steps 70 % of its e2e."""
+    peak = state.recent_peak_rate
+    if peak is None or peak <= est.request_rate:
+        return None
+    at_peak = _peak_workload(est, alpha, peak)
+    carried = perfmodel.steady_state(params, at_peak, old).capacity_rps
+    capacity = perfmodel.steady_state(params, at_peak, new).capacity_rps
+    if capacity >= min(peak, carried):
+        return None
+    return (f"carries {capacity:.1f} req/s of the {peak:.1f} the load reached within the last day, "
+            f"{perfmodel.config_label(old)} {carried:.1f}")
 
 
 def _family(settings: PolicySettings, state: ControlState) -> tuple[int, ...]:
@@ -883,12 +911,8 @@ def _replacement(
         return None
     if _overloading_restart(settings, params, est, new, schedule, rate) is not None:
         return None
-    peak = state.recent_peak_rate
-    if peak is not None and peak > est.request_rate:
-        at_peak = _peak_workload(est, acceptance[0], peak)
-        carried = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
-        if perfmodel.steady_state(params, at_peak, new).capacity_rps < min(peak, carried):
-            return None
+    if _peak_shortfall(state, params, est, acceptance[0], new, schedule) is not None:
+        return None
     grid = [(float(b), 1.0) for b in GRID if b <= params.max_num_seqs]
     old_cost = _per_token(params, schedule, grid, context, acceptance)
     new_cost = _per_token(params, new, grid, context, acceptance)
