@@ -642,9 +642,12 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
         return None
     probing = ctx.in_probe_trial
     margin = t.probe_abandon_margin if probing else t.fast_fallback_margin
+    # A re-probe on trial goes back to the config it left, measured before it; the fast
+    # fallback moves to one the calibration only extrapolates to.
+    unmeasured = 0.0 if probing else t.unmeasured_step_tolerance
     target = max(lower, key=lambda k: (preds[k].score, -k))
     if preds[target].score >= cur.score * (1 + margin) and _robust(
-        ctx, calibration, est, current, target, margin=0.0, unmeasured=t.unmeasured_step_tolerance
+        ctx, calibration, est, current, target, margin=0.0, unmeasured=unmeasured
     ) and not _canary_start_alone(ctx, est, current, target, margin):
         rule = Rule.PROBE_ABANDON if probing else Rule.FAST_FALLBACK
         what = "re-probe does not pay" if probing else "speculation hurts at this load"
@@ -706,8 +709,9 @@ def _robust(
     measures first: `PolicyTuning.unmeasured_step_tolerance`)."""
     t = ctx.tuning
     if unmeasured > 0:
-        slowed = predict(calibration.slowed(candidate, 1.0 + unmeasured), est, (current, candidate), current, ctx.settings)
-        if slowed[candidate].score < slowed[current].score * (1 + margin):
+        slowed = calibration.slowed(candidate, 1.0 + unmeasured)
+        preds = predict(slowed, est, (current, candidate), current, ctx.settings)
+        if preds[candidate].score < preds[current].score * (1 + margin):
             return False
     alphas = [est.alpha]
     if est.alpha is not None and est.alpha_stderr is not None:
