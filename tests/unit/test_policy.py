@@ -467,8 +467,7 @@ def _saturated(alpha: float, rate: float, waiting: float) -> PolicyObservations:
     """n-gram K=1 young (its first window not yet full: the fast fallback's case) at a load
     past its capacity, with ``waiting`` requests queued."""
     workload = Workload(rate, 1000, 300, 0, alpha)
-    params = EngineParams.for_method("ngram")
-    windows = [replace(observe(workload, 1, w, params=params), waiting=waiting) for w in (300, 75)]
+    windows = [replace(observe(workload, 1, w, params=NGRAM), waiting=waiting) for w in (300, 75)]
     return PolicyObservations.of(*windows)
 
 
@@ -481,9 +480,8 @@ def test_the_fast_fallback_does_not_restart_on_a_capacity_difference_the_model_c
     latency.) Where off carries clearly more, it still acts."""
     young = on(1, since=NOW - 400, live=NOW - 300)
     ngram = auto(method="ngram", slo_e2e_s=None, slo_tpot_s=None)
-    params = EngineParams.for_method("ngram")
     near = Workload(42, 1000, 300, 0, 0.45)
-    capacities = {k: perfmodel.steady_state(params, near, k).capacity_rps for k in (OFF, 1)}
+    capacities = {k: perfmodel.steady_state(NGRAM, near, k).capacity_rps for k in (OFF, 1)}
     assert 1.0 < capacities[OFF] / capacities[1] < 1.02  # off carries 1 % more: within the model's error
 
     held = rules.decide(ngram, young, _saturated(0.45, 42, 3000), (), NOW)
