@@ -1078,3 +1078,27 @@ def test_tuning_at_night_keeps_the_capacity_the_days_peak_needs(peak):
     else:
         assert not decision.changes
         assert "the load reached 38.4 req/s within the last day" in decision.reason
+
+
+@pytest.mark.parametrize("peak", [None, 30.0, 37.0])
+def test_tuning_at_the_calm_keeps_a_peak_the_model_cannot_tell_the_longer_draft_carries(peak):
+    """n-gram at the calm (8 req/s, acceptance 0.6): K=4 is clearly faster per token than the
+    running K=1 and predicted to carry 1 % more. The model cannot resolve 1 %: it fits K=1 at
+    today's batch and carries the prior's shape to the peak's. So where the day's peak
+    overloads K=1 (37 req/s against its 35.5) and a restart back at that load would overload
+    the replica left serving, the move waits; with no peak, or one both carry, it goes ahead.
+    (On the H200's measured steps n-gram K=4, predicted 0.1 % ahead of K=3 at the calm, carried
+    0.4 % less at the next day's peak, whose e2e came out 75 % longer.)"""
+    calm = both(Workload(8, 1500, 250, 0, 0.6), 1, params=NGRAM)
+    settings = auto(max_surge=0, method="ngram", slo_e2e_s=None, slo_tpot_s=None)
+    state = replace(on(1), recent_peak_rate=peak)
+    decision = rules.decide(settings, state, calm, (), NOW)
+    capacities = {k: _capacity(decision, k) for k in (1, 4)}
+    assert 1.0 < capacities[4] / capacities[1] < 1.02 < 37.0 / capacities[1]
+    if peak in (None, 30.0):
+        assert decision.action is Action.SET_K and decision.k == 4
+    else:
+        assert not decision.changes or decision.k in (1, 2)  # nothing longer than the model can resolve
+        assert "K=4" in decision.reason and "the load reached 37.0 req/s within the last day" in decision.reason
+        exact = replace(settings, tuning=replace(settings.tuning, unmeasured_step_tolerance=0.0))
+        assert rules.decide(exact, state, calm, (), NOW).k == 4

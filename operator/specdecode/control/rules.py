@@ -883,6 +883,7 @@ def _peak_unserved(
     preds: Mapping[int, ConfigPrediction],
     k: int,
     alpha: float | None = None,
+    unmeasured: float = 0.0,
 ) -> str | None:
     """Why a move to ``k`` would leave the service short of the load it carried lately, or
     None. ``k`` carries less than the current config and less than the peak of about the last
@@ -890,19 +891,32 @@ def _peak_unserved(
     overload the replicas left serving: should the peak come back (a daily one does), ``k``
     would be locked into an overload of its own making. (A re-probe at night promoted n-gram
     K=8, 67 % faster per token at a batch of 10, and the next day's peak met it with less
-    capacity than the K=3 it had replaced, and speculation off before it.)"""
+    capacity than the K=3 it had replaced, and speculation off before it.)
+
+    With ``unmeasured`` (a tuning move: `PolicyTuning.unmeasured_step_tolerance`) ``k`` is
+    judged with its step that much slower than predicted: the calibration fits the running
+    config at today's batch, and ``k``'s capacity is the prior's shape carried to the peak's.
+    (On the H200's measured steps n-gram K=4 was predicted to carry 0.1 % more than K=3 at the
+    calm; at the next day's overloading peak it carried 0.4 % less on average, up to 3 % less
+    where acceptance dipped, and that peak's e2e came out 75 % longer than K=3's.) A re-probe
+    passes none: it prices its candidates at a discounted acceptance already, and staying off
+    is the alternative it weighs."""
     peak, current = ctx.state.recent_peak_rate, ctx.current
     if peak is None or k == current:
         return None
     carries = preds[k].capacity_rps
+    if unmeasured > 0:
+        slowed = calibration.slowed(k, 1.0 + unmeasured)
+        carries = predict(slowed, est, (k,), k, ctx.settings, alpha)[k].capacity_rps
     if carries >= peak or carries >= preds[current].capacity_rps:
         return None
     rollout = overloading_rollout(calibration, est, (k, current), ctx.settings, peak, alpha)
     if rollout is None:
         return None
+    margin = f" with its step {unmeasured:.0%} slower than predicted (unmeasured there)" if unmeasured > 0 else ""
     return (
-        f"it carries {carries:.1f} req/s and the load reached {peak:.1f} req/s within the last "
-        f"day: should it come back, a restart would load the replicas left serving to "
+        f"it carries {carries:.1f} req/s{margin} and the load reached {peak:.1f} req/s within the "
+        f"last day: should it come back, a restart would load the replicas left serving to "
         f"{peak / rollout:.0%} of the {rollout:.1f} req/s they carry"
     )
 
@@ -985,7 +999,9 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
                 f"{hedge_back.rollout_capacity_rps:.1f} req/s, and at its capacity "
                 f"{label(hedge_back.target)} would be {fmt_pct(hedge_back.benefit)} faster)"
             )
-        return _exit_closed(ctx, calibration, est, k, high) or _peak_unserved(ctx, calibration, est, preds, k)
+        return _exit_closed(ctx, calibration, est, k, high) or _peak_unserved(
+            ctx, calibration, est, preds, k, unmeasured=t.unmeasured_step_tolerance
+        )
 
     wanted, locked = ranked[0], None
     best = wanted
