@@ -33,7 +33,8 @@ class PolicyTuning:
     other config is the prior's shape carried there. Near saturation a capacity difference
     smaller than that decides the queue, and the predicted gain with it (n-gram on the H200's
     measured steps, 28 req/s: off predicted 1.96x K=3 on capacities 2 % apart, where K=3
-    carried 3 % more)."""
+    carried 3 % more). A tuning move's K must carry the day's overloading peak with the same
+    margin (`rules._peak_unserved`): a canary at the calm measures it at the calm's batch only."""
     overdispersion: float = 4.0
     """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
     payback_horizon_s: float = 3600.0
