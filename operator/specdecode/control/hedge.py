@@ -75,8 +75,17 @@ def rollout_capacity_of(
     serving = serving_in_rollout(settings, replicas)
     if settings.max_surge >= 1 or serving < 1:
         return None
+    return min(config_capacity(calibration, est, k, serving, alpha) for k in configs)
+
+
+def config_capacity(
+    calibration: Calibration, est: Estimate, k: perfmodel.Config, replicas: int, alpha: float | None = None
+) -> float:
+    """What ``replicas`` replicas at config ``k`` carry (requests/s) by ``calibration``, at the
+    estimate's workload and acceptance ``alpha`` (default the estimate's): the capacity
+    `estimates.predict` reports, without the latency figures around it."""
     workload = workload_of(est, est.alpha if alpha is None else alpha)
-    return min(_capacity(calibration.params_for(k), workload, k, serving) for k in configs)
+    return _capacity(calibration.params_for(k), workload, k, replicas)
 
 
 def overloading_rollout(

@@ -130,7 +130,7 @@ from specdecode.control.estimates import (
 from specdecode.control.explain import (
     describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, shut_way_out, summary,
 )
-from specdecode.control.hedge import HedgeOutlook, best_hedge, overloading_rollout
+from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, overloading_rollout
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, bounded
@@ -907,7 +907,7 @@ def _peak_unserved(
     carries = preds[k].capacity_rps
     if unmeasured > 0:
         slowed = calibration.slowed(k, 1.0 + unmeasured)
-        carries = predict(slowed, est, (k,), k, ctx.settings, alpha)[k].capacity_rps
+        carries = config_capacity(slowed, est, k, calibration.on.replicas, alpha)
     if carries >= peak or carries >= preds[current].capacity_rps:
         return None
     rollout = overloading_rollout(calibration, est, (k, current), ctx.settings, peak, alpha)
