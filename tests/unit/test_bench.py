@@ -420,3 +420,33 @@ def test_bench_policy_refuses_a_negative_number_of_generated_scenarios(capsys):
     assert "--generated must be 0 or more" in capsys.readouterr().err
     assert cli.main(["bench", "policy", "--generated", "2", "--generated-cycles", "0"]) == 2
     assert "--generated-cycles must be at least 1" in capsys.readouterr().err
+
+
+def test_bench_trace_prints_why_the_policy_held_and_marks_each_change(capsys):
+    # steady-poor-draft: the SLO guard turns speculation off in the first minutes, then the
+    # policy waits for its re-probe; a user reads both in the trace, with the reasons.
+    assert cli.main(["bench", "trace", "steady-poor-draft", "--every", "15m"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("steady-poor-draft: ")
+    changes = [line for line in lines if line[8:9] == "*"]
+    assert len(changes) == 1 and " off " in changes[0] and "slo-guard" in changes[0]
+    assert any(line.lstrip().startswith("0h30m") and "re-probe in" in line for line in lines)
+    assert lines[-1] == "1 change(s) of config, 0 canary experiment(s)"
+
+
+def test_bench_trace_shows_a_schedule_and_why_it_was_reverted(capsys):
+    assert cli.main(["bench", "trace", "flash-crowd", "--every", "1h"]) == 0
+    out = capsys.readouterr().out
+    assert "* 1-64:K3,65+:off" in out
+    assert "schedule-revert" in out and "schedule: reverted: " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nope"], "nope: no such file"),
+    (["flash-crowd", "--every", "90s"], "--every 90s: the policy evaluates once a minute"),
+    (["flash-crowd", "--every", "0"], "--every 0: not a positive duration"),
+])
+def test_bench_trace_refuses_bad_input_with_one_line(capsys, argv, message):
+    assert cli.main(["bench", "trace", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

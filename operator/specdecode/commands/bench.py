@@ -1,5 +1,5 @@
 """`specdecode bench policy`: the policy against static choices and the phase oracle;
-`bench fleet` and `bench faults`: the operator's cost and reliability on the local stack."""
+`bench trace`: one scenario's decisions with their reasons; `bench fleet` and `bench faults`: the operator's cost and reliability on the local stack."""
 
 from __future__ import annotations
 
@@ -50,6 +50,22 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "side (compare; the headline tables show experiments on) (default: %(default)s)",
     )
     p.set_defaults(func=run_bench_policy)
+
+    t = bench_sub.add_parser(
+        "trace",
+        help="replay one scenario and print the policy's decisions with their reasons",
+        description="Replays one scenario in simulated time as `bench policy` does and prints the policy's "
+        "decision with its reason: one line every --every of simulated time, at every change of config "
+        "(marked *), at every canary experiment started or ended, and the schedule's reason whenever it "
+        "changes. What status.recommendation.reason would have said, minute by minute: why a move held "
+        "(its restart priced against staying, refused at the peak, a canary still measuring).",
+    )
+    t.add_argument("scenario", metavar="SCENARIO", help="a scenario file or a shipped scenario's name")
+    t.add_argument("--every", default="10m", metavar="TIME",
+                   help="simulated time between lines when nothing changes (default: %(default)s)")
+    t.add_argument("--experiments", choices=("on", "off"), default="on",
+                   help="the policy with canary experiments on (the API's default) or off (default: %(default)s)")
+    t.set_defaults(func=run_bench_trace)
 
     f = bench_sub.add_parser(
         "fleet",
@@ -156,6 +172,29 @@ def run_bench_policy(args: argparse.Namespace) -> int:
             console = Console(width=160)
         report.render_table(results, summary, console)
         console.print(f"wrote {len(written)} files to {out}/")
+    return 0
+
+
+def run_bench_trace(args: argparse.Namespace) -> int:
+    from ..tools.bench import run, trace
+    from ..tools.scenario import ScenarioError, load_scenario
+
+    every = _duration_arg("--every", args.every)
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as err:
+        raise UserError(str(err)) from None
+    if every % 60:
+        raise UserError(f"--every {args.every}: the policy evaluates once a minute; use whole minutes, e.g. 10m")
+    lines = trace.DecisionTrace(every)
+    print(f"{scenario.name}: {scenario.description}")
+
+    def show(t: float, result) -> None:
+        for line in lines.lines(t, result):
+            print(line)
+
+    policy = run.run_policy(scenario, experiments=args.experiments == "on", on_evaluation=show)
+    print(f"{len(policy.changes)} change(s) of config, {len(policy.experiments)} canary experiment(s)")
     return 0
 
 

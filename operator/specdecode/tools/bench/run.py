@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specdecode import api, timestamps
 from specdecode.control import perfmodel, promql
@@ -213,7 +213,10 @@ def _rendered(status: api.SpecDecodeServiceStatus, config: perfmodel.Config, liv
                                      else status.ready_replicas})
 
 
-def run_policy(scenario: Scenario, settings: PolicySettings | None = None, experiments: bool = True) -> PolicyRun:
+def run_policy(
+    scenario: Scenario, settings: PolicySettings | None = None, experiments: bool = True,
+    on_evaluation: Callable[[float, evaluation.EvaluationResult], None] | None = None,
+) -> PolicyRun:
     """The policy against the scenario (deterministic in the scenario's seed), through the
     production step and its status conversion (`evaluation.evaluate`).
 
@@ -224,7 +227,8 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
     through their own config-hash label; their long-window observation is the ``canary``
     the step judges. A verdict deletes the canary: a promotion is the step's change (a
     normal rollout), any other end gives the main Deployment its replicas back (their
-    start-up again)."""
+    start-up again). ``on_evaluation`` sees every evaluation's result as it happens, with the
+    simulated time (`specdecode bench trace`)."""
     settings = settings or policy_settings(scenario, experiments=experiments)
     spec = service_spec(scenario, experiments=experiments, schedules=settings.schedules)
     params = scenario.params
@@ -304,6 +308,8 @@ def run_policy(scenario: Scenario, settings: PolicySettings | None = None, exper
                 candidate_observation = read.get(ConfigKey(telemetry.NAMESPACE, scenario.name, canary.label))
         result = evaluation.evaluate(status, spec, settings, observed, None, _datetime(t), canary=candidate_observation)
         status, decision = result.status, result.decision
+        if on_evaluation is not None:
+            on_evaluation(t, result)
         run.decisions += 1
         run.rules[decision.rule] = run.rules.get(decision.rule, 0) + 1
         if decision.alpha is not None:
