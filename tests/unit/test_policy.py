@@ -441,7 +441,7 @@ def test_reprobe_backs_off_after_repeated_failed_probes():
         HistoryEntry(NOW - 1850, Action.DISABLE, 2, None, "", True, 0.2, 1.0),
     )
     decision = rules.decide(auto(), off(since=NOW - 1850), both(LOW, OFF), two_failures, NOW)
-    assert decision.action is Action.HOLD and "x2 after 2 failed probes" in decision.reason
+    assert decision.action is Action.HOLD and "(x2: after 2 failed probes)" in decision.reason
 
 
 def test_no_reprobe_when_load_is_too_high_for_any_speculation():
@@ -657,7 +657,7 @@ def test_a_draft_never_seen_paying_is_probed_less_often():
     history = (HistoryEntry(NOW - 3000, Action.DISABLE, 3, None, "floor", True, 0.3, 1.0),)
     decision = rules.decide(auto(), off(since=NOW - 3000), both(LOW, OFF), history, NOW)
     assert decision.action is Action.HOLD  # 50 min off: past 30 min, not past 2 x 30 min
-    assert "acceptance never seen above the floor" in decision.reason
+    assert "(x2: acceptance never seen above the floor)" in decision.reason
     later = rules.decide(auto(), off(since=NOW - 3700), both(LOW, OFF), history, NOW)
     assert later.action is Action.ENABLE
 

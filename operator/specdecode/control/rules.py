@@ -767,8 +767,9 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     if wait > 0:
         extra = ""
         if backoff > 1:
-            never = ", acceptance never seen above the floor" if never_good else ""
-            extra = f" (x{backoff} after {memory.failed_probes} failed probes{never})"
+            why = [f"after {memory.failed_probes} failed probes"] if memory.failed_probes else []
+            why += ["acceptance never seen above the floor"] if never_good else []
+            extra = f" (x{backoff}: {', '.join(why)})"
         return _make(
             ctx, Action.HOLD, None, Rule.HOLD,
             f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in "
