@@ -315,6 +315,32 @@ def test_a_collapse_past_a_batch_threshold_passes_the_rollout_check_and_is_rever
     assert after.schedule is None and SCHEDULE.label in after.rejected_schedules
 
 
+def test_a_schedule_at_a_peak_is_judged_against_what_plain_k_measured_there_not_what_the_model_says():
+    """Traced on an L40S-class GPU: the step scale measured at the calm put plain K's capacity at
+    the peak a third above what it serves, and a schedule that carried the peak as well as plain K
+    was reverted there, a restart into the peak. Here the GPU is three times slower than the
+    prior and the scale read the prior's 1x: the model puts plain K=3 at three times what it
+    serves. K=3 measured a full window near that load before the schedule; against that the
+    schedule, queueing no worse than K=3 would, stays, and one that does collapse is still
+    reverted, with the measurement named."""
+    settings = auto()
+    offered = 1.3 * perfmodel.capacity(SLOW_TRUTH, workload(1), 3)
+    baseline = measured_baseline(SLOW_TRUTH, 0.9 * perfmodel.capacity(SLOW_TRUTH, workload(1), 3))
+
+    def reverted(truth: EngineParams, plain_baseline: cs.PlainBaseline | None):
+        state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8,
+                               schedule_step_scale=1.0, plain_baseline=plain_baseline)
+        decision, _ = step(settings, state, at_capacity(offered, SCHEDULE, truth), NOW)
+        assert not decision.changes or decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+        return decision.reason if decision.changes else None
+
+    assert "is predicted to serve" in (reverted(SLOW_TRUTH, None) or ""), "the model alone reverts it"
+    assert reverted(SLOW_TRUTH, baseline) is None
+    collapse = reverted(replace(SLOW_TRUTH, schedule_penalty=2.0), baseline)
+    assert collapse is not None and "fell behind its load" in collapse, collapse
+    assert "serves at this batch by what it measured before the schedule" in collapse, collapse
+
+
 def test_a_queue_plain_k_could_not_serve_either_keeps_the_schedule():
     """A surge past every config's capacity queues under the schedule too; it serves more
     than plain K=3 would (off at the surge's batches), so it is no reason to go back."""

@@ -48,7 +48,8 @@ rules (`rules.decide`) have decided:
    nothing was measured. Clearly worse (``REVERT_MARGIN``) -> back to that K, and the
    schedule is remembered as rejected for this declaration. At any time while it is in
    effect, a schedule that falls behind its load (a queue, and ``BEHIND_MARGIN`` fewer
-   requests finished than that K is predicted to serve: a throughput collapse past a range's
+   requests finished than that K serves at the batch by what it measured before, or is
+   predicted to serve when nothing was measured: a throughput collapse past a range's
    threshold) is reverted the same way. Every full window also calibrates the
    schedule's per-step overhead from the measured step time (kept in status for later
    proposals).
@@ -775,11 +776,12 @@ def _under_schedule(
 def _behind(
     settings: PolicySettings, state: ControlState, observed: Any, decision: Decision
 ) -> tuple[Decision, ScheduleUpdate] | None:
-    """The revert of a schedule that fell behind a load the plain K it replaced is predicted
-    to serve (None: it did not, or too little is known to say). Needs no acceptance counts of
-    the window: past a collapsing range's threshold the engine may draft nothing at all; the
-    acceptance last measured stands in (the lower of it and the recent low: the lower the
-    acceptance, the less the plain K is predicted to serve, the later the revert)."""
+    """The revert of a schedule that fell behind a load the plain K it replaced serves
+    (`_plain_serves`: by what it measured, else as predicted; None: it did not, or too little
+    is known to say). Needs no acceptance counts of the window: past a collapsing range's
+    threshold the engine may draft nothing at all; for a prediction the acceptance last
+    measured stands in (the lower of it and the recent low: the lower the acceptance, the less
+    the plain K is predicted to serve, the later the revert)."""
     if not getattr(observed, "available", False) or state.schedule_step_scale is None:
         return None
     obs: Observation | None = observed.window
@@ -799,7 +801,7 @@ def _behind(
         return None
     params = _calibrated(settings, state, state.schedule_step_scale, est.decay)
     plain_k = _replaced_config(state)
-    plain_serves = perfmodel.capacity(params, workload_of(est, min(alphas)), plain_k) / max(1, params.replicas)
+    plain_serves, basis = _plain_serves(state, params, est, obs, plain_k, min(alphas))
     finished = _finished_short(obs, plain_serves)
     if finished is None or _finished_short(guard, plain_serves) is None:
         return None
@@ -807,12 +809,34 @@ def _behind(
     reason = (
         f"schedule {state.schedule.label} fell behind its load: {finished:.2f} req/s per replica finished "
         f"with {obs.waiting / obs.pods:.1f} requests waiting per replica{_tpot_text(obs)}, {behind:.0%} under "
-        f"the {plain_serves:.2f} req/s {_label(plain_k)} is predicted to serve: reverted to {_label(plain_k)} "
+        f"the {plain_serves:.2f} req/s {_label(plain_k)} {basis}: reverted to {_label(plain_k)} "
         f"and not chosen again for this spec"
     )
     return _revert(decision, state.schedule, plain_k, reason), ScheduleUpdate(
         note=f"reverted: fell {behind:.0%} behind {_label(plain_k)}'s capacity", rejected=state.schedule.label,
     )
+
+
+def _plain_serves(
+    state: ControlState, params: EngineParams, est: Estimate, obs: Observation, plain_k: int, alpha: float,
+) -> tuple[float, str]:
+    """Requests a second one replica of ``plain_k`` serves at the window's running batch, and
+    the words for where that figure comes from. What that K measured before the schedule
+    (`plain_baseline_at`, as the after-rollout check reads it: a replica at batch b finishes
+    b / (time per token x output tokens)); the model's capacity at acceptance ``alpha`` only
+    when nothing was measured. The model's step scale is measured at the calm, and on a GPU
+    whose steps grow faster with the batch than the prior's (traced on an L40S-class one) it
+    puts the plain K's capacity at the peak a third above what it serves: a schedule that
+    carried the peak better than the plain K was reverted there, by a restart into it."""
+    # The window may have drafted nothing (past a collapsing range's threshold): the curve
+    # that moves the measurement to this batch takes the stand-in acceptance then.
+    at = est if est.alpha is not None else replace(est, alpha=alpha)
+    measured = plain_baseline_at(state.plain_baseline, plain_k, params, at, obs.batch_per_pod)
+    if measured is not None and measured[0] > 0 and est.output_tokens > 0:
+        per_token, basis = measured
+        return obs.batch_per_pod / (per_token * est.output_tokens), f"serves at this batch by what it {basis}"
+    return (perfmodel.capacity(params, workload_of(est, alpha), plain_k) / max(1, params.replicas),
+            "is predicted to serve")
 
 
 def _queued(obs: Observation) -> bool:
