@@ -1,5 +1,6 @@
 """`specdecode bench policy`: the policy against static choices and the phase oracle;
-`bench trace`: one scenario's decisions with their reasons; `bench fleet` and `bench faults`: the operator's cost and reliability on the local stack."""
+`bench trace`: one scenario's decisions with their reasons; `bench fleet` and
+`bench faults`: the operator's cost and reliability on the local stack."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ The suite's figures say how well the policy did; its JSON lists the changes. Nei
 why it held where a user would have moved, which is what tuning or reviewing the policy
 needs: the reason of every hold (a restart priced against staying, a move refused at the
 peak, a canary still measuring), as `status.recommendation.reason` carries it in a cluster.
-This turns the evaluations of a replay (`run.run_policy`, ``on_evaluation``) into lines.
-Pure: no I/O, the simulated time passed in.
+This turns the evaluations of a replay (`run.run_policy`, ``on_evaluation``) into lines;
+no I/O (the command prints them), the simulated time passed in.
 """
 
 from __future__ import annotations
