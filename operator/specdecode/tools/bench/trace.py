@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from specdecode import api
 from specdecode.control.evaluation import NUMBER, EvaluationResult
+from specdecode.control.explain import label
 
 
 def clock(t: float) -> str:
@@ -24,12 +25,12 @@ def clock(t: float) -> str:
 
 
 def in_effect(status: api.SpecDecodeServiceStatus) -> str:
-    """The config every replica is told to run after the evaluation: ``off``, ``K=3`` or the
-    schedule (``1-64:K3,65+:off``)."""
+    """The config every replica is told to run after the evaluation, named as the reasons name
+    it (`ControlState.config_label`, from status here): ``off``, ``K=3`` or the schedule
+    (``1-64:K3,65+:off``)."""
     speculation = status.speculation
-    if speculation is None or not speculation.enabled:
-        return "off"
-    return speculation.schedule or f"K={speculation.k}"
+    on = speculation is not None and speculation.enabled
+    return (on and speculation.schedule) or label(speculation.k if on else None)
 
 
 @dataclass
