@@ -1217,6 +1217,11 @@ class PlainTimePerToken(StatusModel):
 
     running_requests: float = Field(description="Mean running batch of a replica over that window.")
     seconds_per_output_token: float = Field(description="Engine seconds per output token over that window.")
+    acceptance: Optional[float] = Field(
+        None, ge=0, le=1,
+        description="Draft acceptance over that window (fitted, first position): the check moves the "
+        "measurement to the acceptance of its own window, since tokens per step change with it.",
+    )
 
 
 class PlainBaseline(StatusModel):

@@ -434,11 +434,14 @@ def test_bench_trace_prints_why_the_policy_held_and_marks_each_change(capsys):
     assert lines[-1] == "1 change(s) of config, 0 canary experiment(s)"
 
 
-def test_bench_trace_shows_a_schedule_and_why_it_was_reverted(capsys):
+def test_bench_trace_shows_a_schedule_and_the_canary_that_promoted_it(capsys):
+    # flash-crowd: after the crowd the policy tries a schedule that stops drafting at the
+    # crowd's batch on a canary, and the canary's verdict promotes it.
     assert cli.main(["bench", "trace", "flash-crowd", "--every", "1h"]) == 0
     out = capsys.readouterr().out
+    assert "canary experiment (Change) started: draft_model 1-64:K3,65+:off" in out
     assert "* 1-64:K3,65+:off" in out
-    assert "schedule-revert" in out and "schedule: reverted: " in out
+    assert "schedule: promoted from its canary: " in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -16,7 +16,7 @@ from specdecode import api, timestamps
 from specdecode.control import evaluation, perfmodel, schedule_support, schedules
 from specdecode.control import state as cs
 from specdecode.control.decision import Action, Held, Rule
-from specdecode.control.estimates import PolicyObservations, scaled_params
+from specdecode.control.estimates import PolicyObservations, estimate, scaled_params
 from specdecode.control.experiments import Experiment, Purpose
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import EngineParams, Schedule, Workload
@@ -194,18 +194,21 @@ CLAMPED_SCALE = 5.0
 """What the step scale read when measured in a surge (the clamp; e2e run of #14 part 6)."""
 
 
-def measured_baseline(params: EngineParams, rate: float, k: int = 3) -> cs.PlainBaseline:
-    """What a plain K measured on a full window at ``rate``: the baseline a schedule replacing
-    it is checked against."""
-    obs = observe(workload(rate), k, 300, params=params)
-    return cs.PlainBaseline(k=k, points=((obs.batch_per_pod, schedules._measured_per_token(obs)),))
+def measured_baseline(params: EngineParams, rate: float, k: int = 3, alpha: float = 0.8) -> cs.PlainBaseline:
+    """What a plain K measured on a full window at ``rate`` and acceptance ``alpha``: the
+    baseline a schedule replacing it is checked against."""
+    obs = observe(workload(rate, alpha), k, 300, params=params)
+    alpha = estimate(obs, PolicySettings().tuning).alpha
+    return cs.PlainBaseline(k=k, points=(cs.PlainPoint(obs.batch_per_pod, schedules._measured_per_token(obs), alpha),))
 
 
-def first_revert(settings: PolicySettings, state: ControlState, params: EngineParams, rate: float) -> float | None:
+def first_revert(
+    settings: PolicySettings, state: ControlState, params: EngineParams, rate: float, alpha: float = 0.8,
+) -> float | None:
     """When the after-rollout check reverts the schedule of ``state`` (None: not in 20 minutes)."""
     for i in range(20):
         now = NOW + 60.0 * (i + 1)
-        decision, state = step(settings, state, both(workload(rate), SCHEDULE, params=params, now=now), now)
+        decision, state = step(settings, state, both(workload(rate, alpha), SCHEDULE, params=params, now=now), now)
         if decision.changes:
             assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
             return now
@@ -245,7 +248,6 @@ def test_the_baseline_measured_at_another_batch_is_moved_along_the_models_curve(
     the ratio; the plain K's time per token at the new batch is the truth's within 5 %."""
     baseline = measured_baseline(SLOW_TRUTH, 4)
     obs = observe(workload(12), 3, 300, params=SLOW_TRUTH)
-    from specdecode.control.estimates import estimate
 
     est = estimate(obs, auto().tuning)
     params = schedules.scaled_params(auto().prior_params(), CLAMPED_SCALE, est.decay)
@@ -254,6 +256,38 @@ def test_the_baseline_measured_at_another_batch_is_moved_along_the_models_curve(
     assert abs(moved / truth - 1.0) < 0.05, (moved, truth)
     assert baseline.points[0][0] < obs.batch_per_pod / 1.5, "the batches must differ"
     assert schedules.plain_baseline_at(baseline, 2, params, est, obs.batch_per_pod) is None, "another K's baseline"
+
+
+def test_the_baseline_is_moved_to_the_acceptance_of_the_window_checked():
+    """Measured at acceptance 0.84, checked at 0.76 at the same load: K=3 makes fewer tokens
+    per step, and its time per token rises with that. Moved to 0.76 the baseline is the
+    truth's within 2 %; left at its own acceptance (a status from an older operator, which
+    kept none) it is more than 5 % under the truth, as much as a schedule's overhead."""
+    baseline = measured_baseline(TRUTH, 8, alpha=0.84)
+    obs = observe(workload(8, alpha=0.76), 3, 300, params=TRUTH)
+    est = estimate(obs, auto().tuning)
+    params = schedules.scaled_params(auto().prior_params(), 1.0, est.decay)
+    truth = schedules._measured_per_token(obs)
+    moved, basis = schedules.plain_baseline_at(baseline, 3, params, est, obs.batch_per_pod)
+    assert abs(moved / truth - 1.0) < 0.02, (moved, truth)
+    assert "acceptance 0.84" in basis and "acceptance 0.76" in basis, basis
+    older = cs.PlainBaseline(3, (baseline.points[0]._replace(acceptance=None),))
+    unmoved, basis = schedules.plain_baseline_at(older, 3, params, est, obs.batch_per_pod)
+    assert unmoved / truth - 1.0 < -0.05, (unmoved, truth)
+    assert "acceptance" not in basis, basis
+
+
+def test_a_schedule_checked_at_a_lower_acceptance_than_its_baseline_is_kept():
+    """A schedule that costs its small overhead (the truth's 0.5 ms a step) rolled out after a
+    window of acceptance 0.84, and checked in windows at 0.76: per token it is some 10 % slower
+    than that baseline, all of it the acceptance's doing, which slows plain K=3 as much. Kept;
+    a penalty at the same acceptances is still reverted (the check still sees one)."""
+    settings = auto()
+    state = under_schedule(since=NOW, live_since=NOW + 180.0, plain_baseline=measured_baseline(TRUTH, 8, alpha=0.84))
+    assert first_revert(settings, state, TRUTH, 8, alpha=0.76) is None
+    older = replace(state, plain_baseline=cs.PlainBaseline(3, (state.plain_baseline.points[0]._replace(acceptance=None),)))
+    assert first_revert(settings, older, TRUTH, 8, alpha=0.76) is not None, "without the acceptance it reverts"
+    assert first_revert(settings, state, replace(TRUTH, schedule_penalty=0.4), 8, alpha=0.76) is not None
 
 
 def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams) -> PolicyObservations:
@@ -373,17 +407,17 @@ def test_the_plain_k_baseline_is_kept_through_adoption_and_dropped_by_a_move_to_
     """Full windows of plain K=3 fill the baseline one per factor-2 band (the latest); a
     schedule replacing K=3 keeps it; a plain move to K=2 leaves it behind."""
     state = ControlState(enabled=True, k=3, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2)
-    update = schedules.ScheduleUpdate(plain_point=(5.0, 0.02), at=NOW)
+    update = schedules.ScheduleUpdate(plain_point=cs.PlainPoint(5.0, 0.02, 0.8), at=NOW)
     from specdecode.control.decision import Decision
 
     hold = Decision(action=Action.HOLD, enabled=True, k=3, reason="", rule=Rule.HOLD, applied=False,
                     metrics_available=True, metrics_reason="", metrics_message="", speculation_effective=True,
                     effective_reason="", effective_message="")
     after = schedules.advance(state, state, hold, update)
-    assert after.plain_baseline == cs.PlainBaseline(3, ((5.0, 0.02),))
-    after = schedules.advance(after, after, hold, replace(update, plain_point=(6.0, 0.021)))
-    after = schedules.advance(after, after, hold, replace(update, plain_point=(40.0, 0.005)))
-    assert after.plain_baseline.points == ((6.0, 0.021), (40.0, 0.005))
+    assert after.plain_baseline == cs.PlainBaseline(3, (cs.PlainPoint(5.0, 0.02, 0.8),))
+    after = schedules.advance(after, after, hold, replace(update, plain_point=cs.PlainPoint(6.0, 0.021, 0.79)))
+    after = schedules.advance(after, after, hold, replace(update, plain_point=cs.PlainPoint(40.0, 0.005, 0.81)))
+    assert after.plain_baseline.points == (cs.PlainPoint(6.0, 0.021, 0.79), cs.PlainPoint(40.0, 0.005, 0.81))
     adopt = replace(hold, action=Action.SET_K, rule=Rule.SCHEDULE, schedule=SCHEDULE, applied=True)
     adopted = schedules.advance(replace(after, schedule=SCHEDULE), after, adopt,
                                 schedules.ScheduleUpdate(replaced_k=3, replaced_scale=1.0, at=NOW))
@@ -433,8 +467,9 @@ def test_a_plain_k_evaluation_records_its_window_and_the_baseline_survives_the_s
     assert stored is not None and stored.k == 3 and len(stored.points) == 1, result.status.observations
     again = cs.from_status(result.status, spec, datetime.fromtimestamp(NOW + 60, timezone.utc))
     assert again.plain_baseline is not None and again.plain_baseline.k == 3
-    (batch, per_token), = again.plain_baseline.points
-    assert batch > 0 and per_token > 0
+    (point,) = again.plain_baseline.points
+    assert point.batch > 0 and point.seconds_per_token > 0
+    assert point.acceptance == pytest.approx(0.8, abs=0.03), "the window's acceptance is kept with it"
 
 
 def test_the_revert_is_written_to_status_and_read_back():

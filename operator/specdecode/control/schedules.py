@@ -84,7 +84,7 @@ from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.schedule_support import unsupported_reason
 from specdecode.control.settings import PolicySettings
-from specdecode.control.state import ControlState, PlainBaseline, stored_batch, stored_point
+from specdecode.control.state import ControlState, PlainBaseline, PlainPoint, stored_batch, stored_point
 
 ADOPT_GAIN = 0.03
 """A schedule must save at least 3 % of the time per token against the plain K, at the batches
@@ -98,7 +98,7 @@ REPLACE_GAIN = 0.08
 batch range (a change of acceptance, not of load)."""
 REVERT_MARGIN = 0.08
 """A schedule whose measured time per token is this much above the plain K it replaced
-(predicted at the same batch) is reverted."""
+(measured before it, at the same batch) is reverted."""
 CHECK_EVALUATIONS = 5
 """Evaluations after a schedule's first full window during which it may be reverted."""
 BEHIND_QUEUE = 1.0
@@ -158,9 +158,9 @@ class ScheduleUpdate:
     """That K's measured/prior step time."""
     batches: tuple[float, float] | None = None
     """(mean, peak) running batch of a replica in this evaluation's long window."""
-    plain_point: tuple[float, float] | None = None
-    """(mean running batch, seconds per output token) the plain K measured on this
-    evaluation's full window (None: a schedule runs, or nothing measurable)."""
+    plain_point: PlainPoint | None = None
+    """What the plain K measured on this evaluation's full window (None: a schedule runs, or
+    nothing measurable)."""
     at: float = 0.0
     """When (for the batch memory's forgetting)."""
     on_trial: bool = False
@@ -204,9 +204,8 @@ def consider(
                              at=now)
 
 
-def _plain_point(settings: PolicySettings, state: ControlState, observed: Any, now: float) -> tuple[float, float] | None:
-    """What the plain K running now measured on a full window of its own: (mean running batch
-    of a replica, engine seconds per output token)."""
+def _plain_point(settings: PolicySettings, state: ControlState, observed: Any, now: float) -> PlainPoint | None:
+    """What the plain K running now measured on a full window of its own."""
     if state.schedule is not None or not state.enabled or not state.k or not _window_complete(settings, state, now):
         return None
     if not getattr(observed, "available", False) or observed.window is None:
@@ -215,7 +214,9 @@ def _plain_point(settings: PolicySettings, state: ControlState, observed: Any, n
     if obs.idle or obs.requests < settings.min_requests or not _steady(obs):
         return None
     measured = _measured_per_token(obs)
-    return None if measured is None else (obs.batch_per_pod, measured)
+    if measured is None:
+        return None
+    return PlainPoint(obs.batch_per_pod, measured, estimate(obs, settings.tuning).alpha)
 
 
 def _steady(obs: Observation) -> bool:
@@ -231,12 +232,13 @@ def _band(batch: float) -> int:
     return int(math.floor(math.log2(max(1.0, batch))))
 
 
-def with_plain_point(baseline: PlainBaseline | None, k: int, point: tuple[float, float]) -> PlainBaseline:
+def with_plain_point(baseline: PlainBaseline | None, k: int, point: PlainPoint) -> PlainBaseline:
     """``baseline`` of plain ``k`` with ``point`` as the latest of its band (a baseline of
     another K is dropped: it measured a different config)."""
     kept = () if baseline is None or baseline.k != k else baseline.points
-    band = _band(point[0])
-    return PlainBaseline(k=k, points=tuple(sorted([p for p in kept if _band(p[0]) != band] + [point])))
+    band = _band(point.batch)
+    points = [p for p in kept if _band(p.batch) != band] + [point]
+    return PlainBaseline(k=k, points=tuple(sorted(points, key=lambda p: p.batch)))
 
 
 def _batches_now(observed: Any) -> tuple[float, float] | None:
@@ -879,25 +881,35 @@ def _tpot_text(obs: Observation) -> str:
 def plain_baseline_at(
     baseline: PlainBaseline | None, k: int, params: EngineParams, est: Estimate, batch: float | None,
 ) -> tuple[float, str] | None:
-    """Seconds per output token of plain ``k`` at running ``batch`` from what it measured before
-    the rollout: the measurement at the nearest batch, moved along the calibrated model's
-    curve of that K to ``batch`` (a ratio: the model's scale cancels, only its shape across
-    batches counts, and not at all at the same batch). None: nothing of that K measured."""
+    """Seconds per output token of plain ``k`` at running ``batch`` and the estimate's
+    acceptance, from what it measured before the rollout: the measurement at the nearest
+    batch, moved along the calibrated model's curve of that K from its batch and acceptance to
+    these (a ratio: the model's scale cancels, only its shape counts, and not at all at the
+    same batch and acceptance). None: nothing of that K measured.
+
+    The acceptance matters as much as the batch: a window's acceptance wanders by a few
+    hundredths, and K=3's tokens per step by some 6 % with it (0.78 against 0.82), as much as
+    a schedule's overhead; uncorrected, that noise reverted a schedule measured 4 % slower on
+    its canary for 9 % against a baseline from a window of higher acceptance."""
     if baseline is None or baseline.k != k or not baseline.points or batch is None or batch <= 0:
         return None
-    at, measured = min(baseline.points, key=lambda p: abs(math.log(p[0] / batch)))
+    point = min(baseline.points, key=lambda p: abs(math.log(p.batch / batch)))
     context = est.prompt_tokens + est.output_tokens / 2.0
-    positions = _positions(est.alpha, params.acceptance_decay, max(1, k))
+    now_positions = _positions(est.alpha, params.acceptance_decay, max(1, k))
+    then_alpha = point.acceptance if point.acceptance is not None else est.alpha
+    then_positions = _positions(then_alpha, params.acceptance_decay, max(1, k))
     # Prompt tokens chunked into a step grow with the batch at the same request shape: both
     # are the request rate times the step time (the batch up to the tokens per step).
     prefill_per_running = _prefill(est, params) / batch
 
-    def curve(b: float) -> float:
+    def curve(b: float, positions: tuple[float, ...]) -> float:
         return _per_token(params, k, [(b, 1.0)], context, positions, prefill_per_running * b)
 
-    moved = measured * curve(batch) / curve(at)
-    basis = (f"measured before the schedule ({measured * 1e3:.2f} ms per token at batch {at:.0f}, "
-             f"{moved * 1e3:.2f} ms at this batch {batch:.0f})")
+    moved = point.seconds_per_token * curve(batch, now_positions) / curve(point.batch, then_positions)
+    then = f" and acceptance {point.acceptance:.2f}" if point.acceptance is not None else ""
+    now = f" and acceptance {est.alpha:.2f}" if point.acceptance is not None else ""
+    basis = (f"measured before the schedule ({point.seconds_per_token * 1e3:.2f} ms per token at batch "
+             f"{point.batch:.0f}{then}, {moved * 1e3:.2f} ms at this batch {batch:.0f}{now})")
     return moved, basis
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
@@ -45,6 +45,18 @@ class Cause(StrEnum):
     """Turned off because the draft preflight found the draft incompatible."""
 
 
+class PlainPoint(NamedTuple):
+    """What a plain K measured on one full window of its own."""
+
+    batch: float
+    """Mean running batch of a replica."""
+    seconds_per_token: float
+    """Engine seconds per output token."""
+    acceptance: float | None = None
+    """The window's fitted draft acceptance: tokens per step, and so the time per token, move
+    with it from window to window at the same batch (None: a status from an older operator)."""
+
+
 @dataclass(frozen=True)
 class PlainBaseline:
     """What a plain K measured on full windows while it ran, at most one window per factor-2
@@ -52,8 +64,8 @@ class PlainBaseline:
     checked against after its rollout (`control.schedules`)."""
 
     k: int
-    points: tuple[tuple[float, float], ...] = ()
-    """(mean running batch of a replica, engine seconds per output token), by batch."""
+    points: tuple[PlainPoint, ...] = ()
+    """By batch."""
 
 
 @dataclass(frozen=True)
@@ -341,8 +353,9 @@ def _plain_baseline(stored: Optional[api.PlainBaseline]) -> PlainBaseline | None
     if stored is None:
         return None
     return PlainBaseline(k=stored.k, points=tuple(sorted(
-        (p.running_requests, p.seconds_per_output_token) for p in stored.points
-        if p.running_requests > 0 and p.seconds_per_output_token > 0
+        (PlainPoint(p.running_requests, p.seconds_per_output_token, p.acceptance) for p in stored.points
+         if p.running_requests > 0 and p.seconds_per_output_token > 0),
+        key=lambda p: p.batch,
     )))
 
 
@@ -357,17 +370,26 @@ def stored_batch(batch: float) -> float:
     return round(batch, BATCH_DIGITS)
 
 
-def stored_point(point: tuple[float, float]) -> tuple[float, float]:
-    """A plain baseline's (running batch, seconds per output token) as status keeps it."""
-    return stored_batch(point[0]), round(point[1], TOKEN_TIME_DIGITS)
+ACCEPTANCE_DIGITS = 4
+"""Acceptance as status keeps it (plainBaseline)."""
+
+
+def stored_point(point: PlainPoint) -> PlainPoint:
+    """A plain baseline's point as status keeps it."""
+    acceptance = None if point.acceptance is None else round(point.acceptance, ACCEPTANCE_DIGITS)
+    return PlainPoint(stored_batch(point.batch), round(point.seconds_per_token, TOKEN_TIME_DIGITS), acceptance)
 
 
 def _plain_baseline_status(baseline: PlainBaseline | None) -> Optional[dict]:
     if baseline is None:
         return None
-    return {"k": baseline.k, "points": [
-        {"runningRequests": b, "secondsPerOutputToken": t} for b, t in map(stored_point, baseline.points)
-    ]}
+    points = []
+    for point in map(stored_point, baseline.points):
+        entry: dict = {"runningRequests": point.batch, "secondsPerOutputToken": point.seconds_per_token}
+        if point.acceptance is not None:
+            entry["acceptance"] = point.acceptance
+        points.append(entry)
+    return {"k": baseline.k, "points": points}
 
 
 def to_status(
