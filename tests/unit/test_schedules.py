@@ -17,7 +17,7 @@ from specdecode.control import evaluation, perfmodel, schedule_support, schedule
 from specdecode.control import state as cs
 from specdecode.control.decision import Action, Held, Rule
 from specdecode.control.estimates import PolicyObservations, estimate, scaled_params
-from specdecode.control.experiments import Experiment, Purpose
+from specdecode.control.experiments import Experiment, Outcome, Purpose, Verdict
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import EngineParams, Schedule, Workload
 from specdecode.control.settings import PolicySettings
@@ -288,6 +288,41 @@ def test_a_schedule_checked_at_a_lower_acceptance_than_its_baseline_is_kept():
     older = replace(state, plain_baseline=cs.PlainBaseline(3, (state.plain_baseline.points[0]._replace(acceptance=None),)))
     assert first_revert(settings, older, TRUTH, 8, alpha=0.76) is not None, "without the acceptance it reverts"
     assert first_revert(settings, state, replace(TRUTH, schedule_penalty=0.4), 8, alpha=0.76) is not None
+
+
+def promoted_by_canary(state: ControlState, effect: float) -> ControlState:
+    """``state`` with the schedule in effect promoted from a canary that measured it ``effect``
+    slower per token than the plain K (3 paired windows)."""
+    outcome = Outcome(Verdict.PROMOTE, "within 3% of the prediction", 3, 900.0, 900.0, effect=effect)
+    record = Experiment(purpose=Purpose.CHANGE, candidate=f"draft_model {state.schedule.label}", candidate_hash="s",
+                        incumbent_hash="k3", started_at=state.since - 1800, outcome=outcome, ended_at=state.since,
+                        candidate_k=state.schedule.max_k, candidate_schedule=state.schedule, predicted_effect=0.04)
+    return replace(state, experiments=(record,))
+
+
+def test_a_schedule_is_judged_beyond_the_cost_its_canary_measured():
+    """A schedule 10 % slower per token than K=3 at the calm: promoted after its canary
+    measured 6 % (the cost it accepts for the loads it is for), the check after the rollout
+    keeps it; rolled out without a canary, or with a 40 % penalty the canary never saw, it is
+    reverted, and the reason names the canary's figure."""
+    settings = auto()
+    slower = replace(TRUTH, schedule_penalty=0.10)
+    rolled = under_schedule(since=NOW, live_since=NOW + 180.0, plain_baseline=measured_baseline(TRUTH, 8))
+    assert first_revert(settings, rolled, slower, 8) is not None, "without a canary the 8 % margin alone"
+    canaried = promoted_by_canary(rolled, 0.06)
+    assert first_revert(settings, canaried, slower, 8) is None
+    # A Calibrate started under the schedule since (speculation off beside it) is no promotion.
+    calibrating = Experiment(purpose=Purpose.CALIBRATE, candidate="off", candidate_hash="off", incumbent_hash="s",
+                             started_at=NOW)
+    assert first_revert(settings, replace(canaried, experiments=canaried.experiments + (calibrating,)), slower, 8) is None
+    assert first_revert(settings, replace(rolled, experiments=(calibrating,)), slower, 8) is not None
+    assert first_revert(settings, canaried, replace(TRUTH, schedule_penalty=0.4), 8) is not None
+    checked = promoted_by_canary(under_schedule(since=NOW - 400.0 - settings.window_s,
+                                                live_since=NOW - 400.0 - settings.window_s,
+                                                plain_baseline=measured_baseline(TRUTH, 8)), 0.06)
+    decision, _ = step(settings, checked, both(workload(8), SCHEDULE, params=replace(TRUTH, schedule_penalty=0.4)), NOW)
+    assert decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+    assert "beyond the 6.0% its canary measured" in decision.reason, decision.reason
 
 
 def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams) -> PolicyObservations:
