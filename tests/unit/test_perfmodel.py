@@ -250,6 +250,34 @@ def test_a_backlog_drains_when_capacity_returns() -> None:
     assert loaded.e2e_mean_s > fresh.e2e_mean_s
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1.0, 20.0), st.floats(0.0, 20000.0), st.floats(10.0, 1800.0), st.floats(0.05, 0.95))
+def test_a_backlog_carries_over_a_cut_phase_as_over_a_whole_one(rate, backlog, duration, cut) -> None:
+    """A phase cut in two leaves the queue the whole phase does: a backlog longer than the
+    first part carries into the second (the benchmark cuts every scenario into minutes, and a
+    rollout's queue into its rounds). It vanished at the cut: a queue of 2,000 requests on two
+    replicas at 94 % of their capacity was gone one minute into the calm."""
+    w = Workload(request_rate=rate, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    whole = evaluate_phase(H100, w, 3, duration, initial_queue=backlog)
+    first = evaluate_phase(H100, w, 3, duration * cut, initial_queue=backlog)
+    second = evaluate_phase(H100, w, 3, duration * (1 - cut), initial_queue=first.queue_end)
+    assert second.queue_end == pytest.approx(whole.queue_end, rel=1e-9, abs=1e-6)
+    mu = whole.steady.capacity_rps
+    if rate < mu:
+        assert whole.queue_end == pytest.approx(max(0.0, backlog - (mu - rate) * duration), abs=1e-6)
+
+
+def test_a_backlog_longer_than_the_phase_is_left_and_waited_for() -> None:
+    w = Workload(request_rate=10, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    mu = evaluate_phase(H100, w, OFF, 60).steady.capacity_rps
+    backlog = (mu - 10) * 600
+    minute = evaluate_phase(H100, w, OFF, 60, initial_queue=backlog)
+    assert minute.queue_end == pytest.approx(backlog - (mu - 10) * 60)
+    assert minute.saturated_s == 60
+    # Every request of that minute waits behind at least the backlog the minute leaves.
+    assert minute.e2e_mean_s > minute.queue_end / mu
+
+
 def test_fewer_replicas_means_less_capacity() -> None:
     w = Workload(request_rate=10, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
     assert steady_state(H100, w, 3, replicas=1).capacity_rps < steady_state(H100, w, 3).capacity_rps

@@ -472,7 +472,7 @@ def _saturated(alpha: float, rate: float, waiting: float) -> PolicyObservations:
 
 
 def test_the_fast_fallback_does_not_restart_on_a_capacity_difference_the_model_cannot_resolve():
-    """Past saturation a queue makes a capacity 1 % apart look like a config twice as fast
+    """Past saturation a queue makes a capacity 3 % apart look like a config twice as fast
     (the queue drains or grows): the fast fallback restarts every replica with no canary to
     measure the config it moves to, so its case must survive that config's step 5 % slower
     than predicted. (On the H200's measured steps the model put off 2 % ahead of n-gram K=3 at
@@ -480,14 +480,14 @@ def test_the_fast_fallback_does_not_restart_on_a_capacity_difference_the_model_c
     latency.) Where off carries clearly more, it still acts."""
     young = on(1, since=NOW - 400, live=NOW - 300)
     ngram = auto(method="ngram", slo_e2e_s=None, slo_tpot_s=None)
-    near = Workload(42, 1000, 300, 0, 0.45)
+    near = Workload(42, 1000, 300, 0, 0.40)
     capacities = {k: perfmodel.steady_state(NGRAM, near, k).capacity_rps for k in (OFF, 1)}
-    assert 1.0 < capacities[OFF] / capacities[1] < 1.02  # off carries 1 % more: within the model's error
+    assert 1.0 < capacities[OFF] / capacities[1] < 1.04  # off carries 3 % more: within the model's error
 
-    held = rules.decide(ngram, young, _saturated(0.45, 42, 3000), (), NOW)
+    held = rules.decide(ngram, young, _saturated(0.40, 42, 1000), (), NOW)
     assert held.action is Action.HOLD and held.rule != "fast-fallback" and held.enabled and held.k == 1
     unguarded = replace(ngram, tuning=replace(ngram.tuning, unmeasured_step_tolerance=0.0))
-    assert rules.decide(unguarded, young, _saturated(0.45, 42, 3000), (), NOW).action is Action.DISABLE
+    assert rules.decide(unguarded, young, _saturated(0.40, 42, 1000), (), NOW).action is Action.DISABLE
 
     clearly = rules.decide(ngram, young, _saturated(0.30, 40, 3000), (), NOW)  # off carries 8 % more
     assert clearly.action is Action.DISABLE and clearly.rule == "fast-fallback"

@@ -1466,8 +1466,10 @@ def evaluate_phase(
     else:
         drain = min(duration_s, q0 / (mu - lam)) if q0 > 0 else 0.0
         saturated_s = drain
-        queue_end = q0 - (mu - lam) * drain if drain < duration_s else 0.0
-        queue_end = max(0.0, queue_end)
+        # What the phase leaves of the backlog: none once it drained, else the rest (a backlog
+        # longer than the phase carries into the next one: the benchmark cuts a scenario into
+        # minutes, and a rollout's queue into its rounds).
+        queue_end = max(0.0, q0 - (mu - lam) * duration_s)
         if drain > 0:
             # Only a queue to drain needs the capped state (a second steady state, skipped
             # by most phases: they start without a queue).
