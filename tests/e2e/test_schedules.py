@@ -268,7 +268,11 @@ def test_a_schedule_penalty_the_prior_does_not_know_is_reverted_within_a_few_eva
         assert "reverted" in reverted["speculation"].get("scheduleReason", ""), reverted["speculation"]
         rejected = reverted.get("rejectedSchedules") or []
         assert [r["schedule"] for r in rejected] == [schedule], rejected
-        assert "above K=3 measured before the schedule" in rejected[0]["reason"], rejected[0]
+        # Judged against what K=3 measured before the schedule, by whichever check saw the
+        # penalty first: the time per token after the rollout ("above K=3 measured before the
+        # schedule"), or a queue the schedule fell behind while the surge's backlog drained
+        # ("K=3 serves at this batch by what it measured before the schedule").
+        assert "K=3" in rejected[0]["reason"] and "measured before the schedule" in rejected[0]["reason"], rejected[0]
         print("rejected:", rejected[0]["reason"])
         poll_until(lambda: "num_speculative_tokens_per_batch_size" not in " ".join(deployment_args(kube_api, namespace)),
                    ROLLOUT_ALLOWANCE_S, "the Deployment back on plain K")
