@@ -105,14 +105,22 @@ def canary_starting(settings: PolicySettings, state: ControlState, now: float) -
 def promoted_lately(state: ControlState) -> bool:
     """The running config was measured on a canary and promoted (the last change was that
     promotion): it is not on trial like a re-probe the model only predicted."""
-    if not state.experiments:
-        return False
-    last = state.experiments[-1]
-    schedule = last.candidate_schedule.label if last.candidate_schedule is not None else None
-    return (last.outcome is not None and last.outcome.verdict is Verdict.PROMOTE
-            and last.candidate_k == (state.k if state.enabled else None)
+    return bool(state.experiments) and _promoted_running(state.experiments[-1], state)
+
+
+def promotion_in_effect(state: ControlState) -> Optional[Experiment]:
+    """The experiment whose promotion put the running config in place (None: no canary did).
+    Not necessarily the last one: a Calibrate may have started under that config since."""
+    return next((x for x in reversed(state.experiments) if _promoted_running(x, state)), None)
+
+
+def _promoted_running(experiment: Experiment, state: ControlState) -> bool:
+    """``experiment`` was promoted into the running config, since that config was chosen."""
+    schedule = experiment.candidate_schedule.label if experiment.candidate_schedule is not None else None
+    return (experiment.outcome is not None and experiment.outcome.verdict is Verdict.PROMOTE
+            and experiment.candidate_k == (state.k if state.enabled else None)
             and schedule == (state.schedule.label if state.schedule is not None else None)
-            and last.ended_at is not None and last.ended_at >= math.floor(state.since))
+            and experiment.ended_at is not None and experiment.ended_at >= math.floor(state.since))
 
 
 # --- a running experiment ----------------------------------------------------------------------

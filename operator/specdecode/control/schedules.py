@@ -73,7 +73,7 @@ from typing import Any, Sequence
 
 from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
-from specdecode.control.canary import schedule_backing_off
+from specdecode.control.canary import promotion_in_effect, schedule_backing_off
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
 from specdecode.control.experiments import Experiment, Verdict
@@ -786,14 +786,9 @@ def _canary_cost(state: ControlState) -> float:
     a schedule its canary measured 3 to 4 % slower read some 9 % against a baseline from
     another hour, and the check reverted it: two restarts for the noise of one window. The
     promotion need not be the last experiment: a Calibrate may run under the schedule."""
-    assert state.schedule is not None
-    for experiment in reversed(state.experiments):
-        outcome = experiment.outcome
-        if (outcome is not None and outcome.verdict is Verdict.PROMOTE and experiment.candidate_schedule is not None
-                and experiment.candidate_schedule.label == state.schedule.label
-                and experiment.ended_at is not None and experiment.ended_at >= math.floor(state.since)):
-            return max(0.0, outcome.effect) if outcome.effect is not None else 0.0
-    return 0.0
+    promotion = promotion_in_effect(state)
+    outcome = promotion.outcome if promotion is not None else None
+    return max(0.0, outcome.effect) if outcome is not None and outcome.effect is not None else 0.0
 
 
 def _behind(
