@@ -1423,8 +1423,9 @@ class ExperimentRecord(StatusModel):
     windows: int = Field(0, description="Evaluation windows measured.", ge=0)
     candidate_step_scale: Optional[float] = Field(
         None, description="The canary's measured step time over the performance model's prior at its batch, "
-        "in the last window that measured both arms. With incumbentStepScale, from the same window and "
-        "traffic, it calibrates what speculation costs on this hardware against the config without it. "
+        "in the last window that measured both arms on the same traffic (a window where one side finished far "
+        "more requests per replica, draining a backlog, is not taken). With incumbentStepScale, from the same "
+        "window and traffic, it calibrates what speculation costs on this hardware against the config without it. "
         "Absent until a window measured both.", ge=0.0,
     )
     incumbent_step_scale: Optional[float] = Field(

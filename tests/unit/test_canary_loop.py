@@ -435,6 +435,29 @@ def test_a_calibration_is_measured_once_and_kept_across_operator_restarts():
     assert [r.purpose for r in steady_status.experiments] == ["Calibrate"]
 
 
+def test_a_window_whose_arms_served_different_traffic_calibrates_nothing():
+    """A window where the running config finished four times the canary's requests per
+    replica (draining a backlog the canary never had) compares two loads, not two configs:
+    the Calibrate does not end on it, and its step scales are not taken. Once the arms serve
+    the same traffic again, the next window measures, as it would have at once."""
+    windows = []
+
+    def skewed_then_even(record: api.ExperimentRecord):
+        windows.append(record)
+        share = 1 / 8 if len(windows) <= 11 else 1 / 2  # the first window due is skewed
+        return observe(LOW, OFF, 300, params=replace(TRUTH, replicas=1), rate_factor=share)
+
+    even, _ = drive(SPEC, live_status(SPEC, 3), 40, factor=1.0, step_factor=COSTLY, canary_of=off_canary)
+    results, status = drive(SPEC, live_status(SPEC, 3), 40, factor=1.0, step_factor=COSTLY,
+                            canary_of=skewed_then_even)
+    (even_end, _), = [(now, rec) for now, r in even for rec in r.experiments_ended]
+    (ended_at, record), = [(now, rec) for now, r in results for rec in r.experiments_ended]
+    assert record.verdict == "Measured" and ended_at > even_end
+    assert abs(record.candidate_step_scale - 1.0) < 0.05 and abs(record.incumbent_step_scale - COSTLY) < 0.05
+    waiting = [r.decision.reason for now, r in results if even_end <= now < ended_at]
+    assert waiting and all("its arms served different traffic" in reason for reason in waiting), waiting
+
+
 def test_the_newest_side_by_side_measurement_calibrates_speculation_off():
     from specdecode.control.memory import off_per_on
 

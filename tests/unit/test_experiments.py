@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -94,6 +95,37 @@ def test_a_schedule_clearly_worse_than_predicted_is_aborted_as_worse():
     assert verdicts[Verdict.ABORT_WORSE] == 100
 
 
+def test_a_window_whose_arms_served_different_traffic_adds_no_evidence():
+    """Three windows of a clearly faster canary, then one where the running config drains a
+    backlog (four times the canary's requests per replica, its time per token a load's, not a
+    config's): that window is not counted, and the reason says why. Counts a few apart, or
+    far apart only on a handful of requests, are the same traffic."""
+    from specdecode.control.experiments import Experiment, Purpose, traffic_skew
+    from specdecode.control.perfmodel import Workload
+
+    from .test_policy import observe
+
+    load = Workload(4, 1000, 300, 0, 0.8)
+    incumbent = observe(load, 3, 300)
+    canary = replace(incumbent, tpot_mean_s=incumbent.tpot_mean_s * 0.8)
+    draining = replace(incumbent, requests=incumbent.requests * 4)
+    assert traffic_skew(canary, incumbent) is None
+    assert traffic_skew(canary, replace(incumbent, requests=incumbent.requests * 1.1)) is None
+    assert "its arms served different traffic" in traffic_skew(canary, draining)
+    few = replace(canary, requests=6.0)
+    assert traffic_skew(few, replace(incumbent, requests=12.0)) is None  # noise on a few requests
+    settings = ExperimentSettings(min_requests=0)
+    experiment = Experiment(Purpose.CHANGE, "K=4", "c", "i", started_at=0.0, candidate_k=4)
+    for i in range(1, 3):
+        experiment = experiment.observe(canary, incumbent, MINUTE * i, settings)
+    before = experiment.evidence
+    skipped = experiment.observe(canary, draining, MINUTE * 3, settings)
+    assert skipped.evidence == before and skipped.last_window_at == MINUTE * 3
+    assert "the last window is not counted: its arms served different traffic" in skipped.outcome.reason
+    counted = experiment.observe(canary, incumbent, MINUTE * 3, settings)
+    assert counted.evidence.paired == before.paired + 1
+
+
 def test_no_statistical_verdict_before_each_arm_has_the_minimum_of_requests():
     settings = ExperimentSettings(min_requests=1000)
     windows = [PairedWindow(MINUTE * i, ArmWindow(50, 0.010), ArmWindow(150, 0.020 * (1 + 0.001 * i)))
@@ -165,10 +197,11 @@ from specdecode.control.experiments import CanaryPlan, Experiment, Purpose, sett
 from specdecode.control.metrics import ConfigKey, Observation  # noqa: E402
 
 
-def observation(config_hash: str, tpot: float, requests: float, at: float, tpot_p95: float | None = None) -> Observation:
+def observation(config_hash: str, tpot: float, requests: float, at: float, tpot_p95: float | None = None,
+                pods: int = 1) -> Observation:
     return Observation(
         key=ConfigKey("team-a", "llama", config_hash), window_s=60.0, evaluated_at=at, newest_sample_at=at,
-        pods=1, speculation=None, requests=requests, e2e_p95_s=None, e2e_mean_s=None, tpot_p95_s=tpot_p95,
+        pods=pods, speculation=None, requests=requests, e2e_p95_s=None, e2e_mean_s=None, tpot_p95_s=tpot_p95,
         tpot_mean_s=tpot, step_time_mean_s=None, steps=requests * 100, running=None, waiting=None,
         kv_cache_usage=None, preemption_rate=None, generation_tps=None, prompt_tps=None,
     )
@@ -182,7 +215,7 @@ def run_experiment(effect: float, seed: int, restart_every: int | None = None) -
     for i in range(60):
         now += MINUTE
         candidate = observation("cand", 0.020 * (1 + effect) * math.exp(rng.gauss(0, 0.02)), 70, now)
-        incumbent = observation("inc", 0.020 * math.exp(rng.gauss(0, 0.02)), 210, now)
+        incumbent = observation("inc", 0.020 * math.exp(rng.gauss(0, 0.02)), 210, now, pods=3)
         experiment = experiment.observe(candidate, incumbent, now, settings)
         if restart_every and i % restart_every == 0:
             record = ExperimentRecord.model_validate(experiment.to_record().model_dump(by_alias=True))

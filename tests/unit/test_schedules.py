@@ -903,7 +903,9 @@ def _run_canary(settings: PolicySettings, state: ControlState, factor: float, mi
         canary = None
         if running is not None:
             wobble = 1.0 + 0.01 * ((minute % 3) - 1)
-            canary = replace(observed.window, tpot_mean_s=observed.window.tpot_mean_s * factor * wobble, pods=1)
+            window = observed.window  # one of its replicas' share of the traffic, on one pod
+            canary = replace(window, tpot_mean_s=window.tpot_mean_s * factor * wobble, pods=1,
+                             requests=window.requests / window.pods)
         decision, state = step(settings, state, observed, now, canary=canary)
         decisions.append(decision)
         notes.append(state.schedule_note or "")

@@ -41,6 +41,7 @@ from specdecode.control.decision import CANARIED_RULES, Action, Decision, Held, 
 from specdecode.control.estimates import PolicyObservations, estimate, step_scale
 from specdecode.control.experiments import (
     Experiment, ExperimentPolicy, Purpose, Verdict, arm_window, below_floor, cancel_reason, rendered_schedule,
+    traffic_skew,
 )
 from specdecode.control.explain import fmt_s
 from specdecode.control.hedge import serving_in_rollout
@@ -177,7 +178,8 @@ def _measure(
             f"canary experiment ({running.purpose.value}) runs {running.candidate} against {current}: "
             f"{progress} ({running.evidence.paired} paired windows so far)")), state
     measured = running.observe(canary, observed.window, at, policy.test)
-    scales = step_scales(settings, policy, state, measured, canary, observed.window)
+    skewed = traffic_skew(canary, observed.window) is not None
+    scales = None if skewed else step_scales(settings, policy, state, measured, canary, observed.window)
     if scales is not None:
         measured = replace(measured, candidate_step_scale=scales[0], incumbent_step_scale=scales[1])
     if running.purpose is Purpose.CALIBRATE and scales is not None and not measured.outcome.verdict.final:

@@ -500,6 +500,38 @@ def settings_from_spec(spec: "api.SpecDecodeServiceSpec", plan: CanaryPlan = Can
     )
 
 
+TRAFFIC_SKEW = 0.25
+"""Finished requests per replica of the two arms of one window may differ this much (beyond
+their counts' noise, `traffic_skew`) and still count as the same traffic."""
+
+
+def traffic_skew(candidate: Optional["Observation"], incumbent: Optional["Observation"]) -> Optional[str]:
+    """Why one window's arms did not serve the same traffic, or None. The Service spreads
+    requests evenly over the canary's pods and the running config's, so at one load both
+    finish as many per replica. One that finishes far more is draining a backlog, or has just
+    met one: its time per token and its step time belong to another load than the other
+    arm's, and the window compares nothing. (Traced: a canary of speculation off at a peak
+    its K=1 incumbent could not carry measured the same step scale as it on six windows; in
+    the window where the load fell, the incumbent finished 4.5 times the canary's requests
+    per replica from its backlog, and its step scale came out 35 % below the canary's. The
+    model carried that ratio to speculation off for the rest of the day, at a quarter less
+    capacity than it has.) The gap must exceed ``TRAFFIC_SKEW`` and three standard deviations
+    of two Poisson counts, so a quiet window's noise is no skew."""
+    if candidate is None or incumbent is None:
+        return None
+    if not (candidate.requests_counted and incumbent.requests_counted):
+        return None
+    if min(candidate.pods, incumbent.pods) <= 0 or min(candidate.requests, incumbent.requests) <= 0:
+        return None
+    canary, running = candidate.requests / candidate.pods, incumbent.requests / incumbent.pods
+    gap = abs(math.log(canary / running))
+    noise = 3.0 * math.sqrt(1.0 / candidate.requests + 1.0 / incumbent.requests)
+    if gap <= max(math.log1p(TRAFFIC_SKEW), noise):
+        return None
+    return (f"its arms served different traffic ({canary:.0f} requests per replica on the canary, "
+            f"{running:.0f} on the running config: a backlog drained on one of them)")
+
+
 def arm_window(observation: Optional["Observation"]) -> ArmWindow:
     """One arm of a window from the metrics of its config hash (an empty arm when absent)."""
     if observation is None:
@@ -555,12 +587,17 @@ class Experiment:
 
     def observe(self, candidate: Optional["Observation"], incumbent: Optional["Observation"], now: float,
                 settings: ExperimentSettings) -> "Experiment":
-        """Add one evaluation window of both arms and judge; a final verdict ends it at ``now``."""
+        """Add one evaluation window of both arms and judge; a final verdict ends it at ``now``.
+        A window whose arms did not serve the same traffic (`traffic_skew`) is judged for its
+        SLOs and the time limit but adds nothing to the evidence."""
         if not self.running:
             return self
         window = PairedWindow(at=now, candidate=arm_window(candidate), incumbent=arm_window(incumbent))
-        evidence = self.evidence.add(window)
+        skew = traffic_skew(candidate, incumbent)
+        evidence = self.evidence if skew is not None else self.evidence.add(window)
         outcome = judge(evidence, window, self.started_at, now, settings, self.predicted_effect)
+        if skew is not None and not outcome.verdict.final:
+            outcome = replace(outcome, reason=f"{outcome.reason}; the last window is not counted: {skew}")
         return replace(self, evidence=evidence, outcome=outcome, last_window_at=now,
                        ended_at=now if outcome.verdict.final else None)
 
