@@ -1069,6 +1069,25 @@ def test_a_reprobe_at_night_takes_a_draft_that_carries_the_days_peak(peak):
         assert "reached 38.4 req/s within the last day" in decision.reason and "staying off" in decision.reason
 
 
+@pytest.mark.parametrize("measured", [0.45, 0.85])
+def test_a_reprobe_judges_the_days_peak_at_the_acceptance_it_measured_not_the_one_it_assumes(measured):
+    """Speculation off at night after K=1 ran at a measured acceptance of 0.45: the re-probe
+    asks whether speculation pays again at an assumed 0.60 (less its discount), where K=1
+    would carry the day's 34 req/s. At the 0.45 it was measured at, it carries 33.8: the
+    re-probe stays off and says so. A draft measured higher is judged as before."""
+    state = replace(off(since=NOW - 4000), recent_peak_rate=34.0)
+    history = (HistoryEntry(NOW - 9000, Action.SET_K, 3, 1, "tune", True, measured, 1.0),
+               HistoryEntry(NOW - 4000, Action.DISABLE, 1, None, "fast-fallback", True, measured, 1.0))
+    night = both(Workload(4, 1000, 300, 0, measured), OFF)
+    decision = rules.decide(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), state, night, history, NOW)
+    if measured < 0.5:
+        assert decision.action is Action.HOLD and not decision.enabled
+        assert "K=1 (the fastest at 4.00 req/s): it carries 33.8 req/s" in decision.reason
+        assert "reached 34.0 req/s within the last day" in decision.reason and "staying off" in decision.reason
+    else:
+        assert decision.action is Action.ENABLE and decision.rule == "reprobe"
+
+
 @pytest.mark.parametrize("peak", [None, 38.4])
 def test_tuning_at_night_keeps_the_capacity_the_days_peak_needs(peak):
     state = replace(on(2), recent_peak_rate=peak)

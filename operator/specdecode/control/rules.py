@@ -789,12 +789,19 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     conservative = max(0.0, alpha - t.probe_alpha_discount)
     probe_preds = predict(calibration, est, ks, OFF, s, alpha=conservative)
     probe_k = max(ks, key=lambda k: (probe_preds[k].score, -k))
-    unserved, passed_over = _peak_unserved(ctx, calibration, est, probe_preds, probe_k, conservative), ""
+    # Whether a draft carries the last day's peak is judged at the acceptance it was measured
+    # at, when that is lower: the probe's assumed acceptance asks whether speculation might pay
+    # again, not whether a draft carries a load it was seen not to carry (traced: EAGLE-3 at a
+    # measured 0.40, probed at an assumed 0.60, was judged to carry the 235 req/s peak K=1
+    # had queued at; promoted at the calm, it met the next peak with 232).
+    peak_alpha = conservative if remembered is None else min(conservative, remembered)
+    peak_preds = probe_preds if peak_alpha == conservative else predict(calibration, est, ks, OFF, s, alpha=peak_alpha)
+    unserved, passed_over = _peak_unserved(ctx, calibration, est, peak_preds, probe_k, peak_alpha), ""
     if unserved is not None:
         carrying = [
             k for k in ks
             if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain)
-            and _peak_unserved(ctx, calibration, est, probe_preds, k, conservative) is None
+            and _peak_unserved(ctx, calibration, est, peak_preds, k, peak_alpha) is None
         ]
         if not carrying:
             return replace(_make(
@@ -802,7 +809,7 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
                 f"re-probe due, but {label(probe_k)} (the fastest at {est.request_rate:.2f} req/s): "
                 f"{unserved}; no speculative config that pays carries that load: staying off",
                 metrics=flags, predictions=preds, est=est, scale=scale,
-            ), peak_probe_alpha=conservative)
+            ), peak_probe_alpha=peak_alpha)
         passed_over = f"; not {label(probe_k)}: {unserved}"
         probe_k = max(carrying, key=lambda k: (probe_preds[k].score, -k))
     _, high = _window_rates(ctx, est)
