@@ -780,6 +780,24 @@ def test_a_load_that_sits_in_the_hedge_zone_buys_no_insurance():
     assert unread.action is Action.DISABLE and unread.rule == "hedge"
 
 
+def test_a_load_that_more_than_doubled_is_insured_before_it_steps_past_the_zone():
+    """K=3 at 8 req/s, half the zone's 14.4 req/s (one replica carries ~18 req/s while the
+    other restarts). After half an hour at 3 req/s the load has more than doubled: one more
+    such rise takes it past what the replica left serving carries, so the hedge turns
+    speculation off while a restart is still cheap. A rise of a third is judged where it is
+    (no hedge); so is a steep rise read by a service younger than the trend window (its
+    trend reads the time before the traffic began)."""
+    settings = auto(max_surge=0)
+    observed = both(Workload(8.0, 1000, 300, 0, 0.8), 3)
+    steep = rules.decide(settings, on(3), _with_trend(observed, 3.0), (), NOW)
+    assert steep.action is Action.DISABLE and steep.rule == "hedge" and steep.applied
+    assert "capacity hedge" in steep.reason and "one more such rise takes it to" in steep.reason
+    gentle = rules.decide(settings, on(3), _with_trend(observed, 6.0), (), NOW)
+    assert gentle.action is Action.HOLD and gentle.k == 3 and gentle.rule != "hedge"
+    young = rules.decide(settings, on(3, since=NOW - 600, live=NOW - 500), _with_trend(observed, 3.0), (), NOW)
+    assert young.rule != "hedge" and young.k == 3
+
+
 @pytest.mark.parametrize(
     "rate, max_surge",
     [

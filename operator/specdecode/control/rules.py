@@ -865,6 +865,15 @@ def _load_rise(ctx: _Context, est: Estimate) -> float | None:
     return est.request_rate / trend - 1.0
 
 
+def _reach(rate: float, rise: float | None, steep: float) -> float:
+    """The load the hedge's zone judges: ``rate``, or, while the load rises at least
+    ``steep`` (`PolicyTuning.hedge_steep_rise`), where one more such rise takes it. A load
+    that steps past the zone in one go (3 -> 6 req/s against the 4.9 req/s one replica
+    carries while the other restarts) is never seen in it: by the time it is, every restart
+    overloads the replicas left serving."""
+    return rate * (1.0 + rise) if rise is not None and rise >= steep else rate
+
+
 def _locked_in(
     ctx: _Context,
     calibration: Calibration,
@@ -966,9 +975,13 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
                      metrics=flags, predictions=preds, est=est, scale=scale)
 
     low, high = _window_rates(ctx, est)
-    hedge = best_hedge(calibration, est, current, preds, s, low, t.hedge_zone, high)
-    unneeded = ""
     rise = _load_rise(ctx, est)
+    # A config chosen less than a trend window ago (at creation: the service itself) may have
+    # a trend window that reads the time before the traffic began: the projection waits.
+    steep = t.hedge_steep_rise if ctx.now - ctx.state.since >= s.trend_window_s else math.inf
+    reach = _reach(low, rise, steep)
+    hedge = best_hedge(calibration, est, current, preds, s, reach, t.hedge_zone, high)
+    unneeded = ""
     if hedge is not None and rise is not None and rise < t.hedge_min_rise:
         # Insurance against a rise is bought while the load rises; one that sits in the zone
         # would pay the premium every day for a rise nothing shows.
@@ -994,13 +1007,16 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         )
     if hedge is not None:
         reason = f"capacity hedge: {describe_hedge(hedge, low)}"
+        if reach > low:
+            reason += (f"; the load rose {rise:+.0%} over the {fmt_s(s.trend_window_s)} window's "
+                       f"{ctx.observed.trend_rate:.2f} req/s, and one more such rise takes it to {reach:.2f} req/s")
         return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
     # The best config that does not walk into the hedge zone nor shut the floor's way out
     # (checked lazily, best first).
     ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
 
     def trapped(k: int) -> str | None:
-        hedge_back = _locked_in(ctx, calibration, est, preds, k, high)
+        hedge_back = _locked_in(ctx, calibration, est, preds, k, _reach(high, rise, steep))
         if hedge_back is not None:
             return (
                 f"it would be locked in (a restart needs the load below "

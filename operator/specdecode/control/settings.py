@@ -98,6 +98,11 @@ class PolicyTuning:
     more). A load that sits in the zone is not insured against: each restart there costs
     latency today for a rise nothing shows (a day at a stationary load near the zone hedged
     off and stayed off)."""
+    hedge_steep_rise: float = 1.0
+    """A load rising this much or more (the long window's request rate over the trend
+    window's) is judged by the hedge's zone where one more such rise takes it: a load that
+    doubled within half an hour is insured before it steps past the zone. Smaller rises are
+    judged where they are: the rate's noise alone moves a window by a fifth."""
     restart_max_rollout_load: float = 0.8
     """With maxSurge 0, a restart is affordable only while the load is below this fraction of
     what the replicas left serving during the rollout carry: nearer that capacity each round
