@@ -1444,6 +1444,13 @@ class ExperimentRecord(StatusModel):
         None, description="End of the last window measured (RFC 3339; resume state: windows never overlap).",
         max_length=64,
     )
+    promotion_waits_since: Optional[str] = Field(
+        None, description="When the test reached Promote while rolling the candidate out would overload the "
+        "replicas left serving (RFC 3339); absent until then. The canary keeps serving and the verdict stands "
+        "until the load allows the rollout: later windows are checked for SLOs and the acceptance floor but "
+        "not added to the evidence, which was measured at the load the candidate is promoted for.",
+        max_length=64,
+    )
 
     @property
     def running(self) -> bool:

@@ -214,6 +214,30 @@ def test_a_promotion_waits_while_its_rollout_would_overload_the_replicas_left_se
     assert promoted.speculation.enabled and promoted.speculation.k == 1
 
 
+def test_a_promotion_reached_stands_while_it_waits_for_the_load():
+    """The verdict is reached at the peak (the canary 10 % faster there) and its rollout waits
+    for the load. Windows after it, measured at other loads or other traffic (here 20 %
+    slower), do not undo it: the evidence stays what the verdict was reached on, and the
+    promotion goes ahead once the load allows it. (Traced: speculation off measured 35 %
+    faster than K=1 at a peak K=1 could not carry; re-judged with the calm's windows, the
+    experiment timed out, and the next day's peak met K=1 again.)"""
+    peak = Workload(32, 1000, 300, 0, 0.8)
+    _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=0.9)
+    _, busy = drive(SPEC, calm, 40, factor=0.9, workload=peak, start=NOW + 8 * MINUTE)
+    reached = running_record(busy)
+    assert reached is not None and reached.promotion_waits_since is not None
+    assert "the promotion waits" in reached.reason
+    _, still = drive(SPEC, busy, 30, factor=1.2, workload=peak, start=NOW + 48 * MINUTE)
+    waiting = running_record(still)
+    assert waiting is not None and "the promotion waits" in waiting.reason
+    assert (waiting.paired_windows, waiting.effect) == (reached.paired_windows, reached.effect)
+    assert waiting.promotion_waits_since == reached.promotion_waits_since
+    after, promoted = drive(SPEC, still, 15, factor=1.2, start=NOW + 78 * MINUTE)
+    (promotion,) = [r for _, r in after if r.rerender]
+    assert [e.verdict for e in promotion.experiments_ended] == ["Promote"]
+    assert promoted.speculation.enabled and promoted.speculation.k == 1
+
+
 def test_a_candidate_within_the_minimum_effect_is_not_worth_a_rollout():
     results, status = drive(SPEC, live_status(SPEC, None), 30, factor=1.0)
     verdicts = [rec.verdict for _, r in results for rec in r.experiments_ended]

@@ -199,9 +199,12 @@ def _measure(
         overload = _promotion_overloads(settings, state, measured, decision, observed)
         if overload is not None:
             # The canary goes on serving the candidate on its borrowed replicas, both configs
-            # carrying the load, and the next window judges again.
-            waiting = replace(measured, ended_at=None, outcome=replace(
-                outcome, verdict=Verdict.CONTINUE, reason=f"{outcome.reason}; the promotion waits: {overload}"))
+            # carrying the load; the verdict stands (`Experiment.promotion_waits_since`) and
+            # the next window checks the load again.
+            waiting = replace(
+                measured, ended_at=None, promotion_waits_since=measured.promotion_waits_since or at,
+                outcome=replace(outcome, verdict=Verdict.CONTINUE,
+                                reason=f"{outcome.reason}; the promotion waits: {overload}"))
             state = replace(state, experiments=state.experiments[:-1] + (waiting,))
             return _experiment_hold(decision, state, (
                 f"canary experiment ({running.purpose.value}) would promote {running.candidate} over {current}: "

@@ -576,6 +576,10 @@ class Experiment:
     incumbent_step_scale: Optional[float] = None
     """The running config's in the same window: the pair's ratio is what one kind of config
     (speculation off, or on) costs against the other on the same traffic (`memory.off_per_on`)."""
+    promotion_waits_since: Optional[float] = None
+    """When the test reached Promote and the rollout had to wait for a load the replicas left
+    serving carry (`canary._promotion_overloads`); None: it has not. The verdict then stands:
+    later windows are checked for SLOs and the time limit but not added to its evidence."""
 
     @property
     def candidate_enabled(self) -> bool:
@@ -589,12 +593,16 @@ class Experiment:
                 settings: ExperimentSettings) -> "Experiment":
         """Add one evaluation window of both arms and judge; a final verdict ends it at ``now``.
         A window whose arms did not serve the same traffic (`traffic_skew`) is judged for its
-        SLOs and the time limit but adds nothing to the evidence."""
+        SLOs and the time limit but adds nothing to the evidence; nor does any window once a
+        Promote waits for the load (``promotion_waits_since``): the verdict was reached at the
+        load the candidate is promoted for, and windows at another (the calm after the peak
+        where speculation off was measured 35 % faster) would judge a different question."""
         if not self.running:
             return self
         window = PairedWindow(at=now, candidate=arm_window(candidate), incumbent=arm_window(incumbent))
         skew = traffic_skew(candidate, incumbent)
-        evidence = self.evidence if skew is not None else self.evidence.add(window)
+        counted = skew is None and self.promotion_waits_since is None
+        evidence = self.evidence.add(window) if counted else self.evidence
         outcome = judge(evidence, window, self.started_at, now, settings, self.predicted_effect)
         if skew is not None and not outcome.verdict.final:
             outcome = replace(outcome, reason=f"{outcome.reason}; the last window is not counted: {skew}")
@@ -647,6 +655,8 @@ class Experiment:
             last_window_at=timestamps.rfc3339(self.last_window_at) if self.last_window_at is not None else None,
             candidate_step_scale=self.candidate_step_scale,
             incumbent_step_scale=self.incumbent_step_scale,
+            promotion_waits_since=(timestamps.rfc3339(self.promotion_waits_since)
+                                   if self.promotion_waits_since is not None else None),
         )
 
     @classmethod
@@ -681,6 +691,7 @@ class Experiment:
             last_window_at=timestamps.epoch_seconds_or_none(record.last_window_at),
             candidate_step_scale=record.candidate_step_scale,
             incumbent_step_scale=record.incumbent_step_scale,
+            promotion_waits_since=timestamps.epoch_seconds_or_none(record.promotion_waits_since),
         )
 
 
