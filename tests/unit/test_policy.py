@@ -791,7 +791,7 @@ def test_a_load_that_more_than_doubled_is_insured_before_it_steps_past_the_zone(
     observed = both(Workload(8.0, 1000, 300, 0, 0.8), 3)
     steep = rules.decide(settings, on(3), _with_trend(observed, 3.0), (), NOW)
     assert steep.action is Action.DISABLE and steep.rule == "hedge" and steep.applied
-    assert "capacity hedge" in steep.reason and "one more such rise takes it to" in steep.reason
+    assert "capacity hedge" in steep.reason and "is where one more such rise takes the load" in steep.reason
     gentle = rules.decide(settings, on(3), _with_trend(observed, 6.0), (), NOW)
     assert gentle.action is Action.HOLD and gentle.k == 3 and gentle.rule != "hedge"
     young = rules.decide(settings, on(3, since=NOW - 600, live=NOW - 500), _with_trend(observed, 3.0), (), NOW)

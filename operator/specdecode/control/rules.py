@@ -1006,10 +1006,11 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"acceptance {label(current)} is out of the hedge zone; keeping {label(current)} {context}"
         )
     if hedge is not None:
-        reason = f"capacity hedge: {describe_hedge(hedge, low)}"
+        reason = f"capacity hedge: {describe_hedge(hedge, reach)}"
         if reach > low:
-            reason += (f"; the load rose {rise:+.0%} over the {fmt_s(s.trend_window_s)} window's "
-                       f"{ctx.observed.trend_rate:.2f} req/s, and one more such rise takes it to {reach:.2f} req/s")
+            reason += (f"; {reach:.2f} req/s is where one more such rise takes the load from {low:.2f} req/s "
+                       f"(the {fmt_s(s.window_s)} window's {est.request_rate:.2f} req/s is {rise:+.0%} over the "
+                       f"{fmt_s(s.trend_window_s)} window's {ctx.observed.trend_rate:.2f})")
         return _change(ctx, hedge.target, Rule.HEDGE, reason, preds, flags, est, scale, guard=False)
     # The best config that does not walk into the hedge zone nor shut the floor's way out
     # (checked lazily, best first).
