@@ -178,8 +178,7 @@ def _measure(
             f"canary experiment ({running.purpose.value}) runs {running.candidate} against {current}: "
             f"{progress} ({running.evidence.paired} paired windows so far)")), state
     measured = running.observe(canary, observed.window, at, policy.test)
-    skewed = traffic_skew(canary, observed.window) is not None
-    scales = None if skewed else step_scales(settings, policy, state, measured, canary, observed.window)
+    scales = step_scales(settings, policy, state, measured, canary, observed.window)
     if scales is not None:
         measured = replace(measured, candidate_step_scale=scales[0], incumbent_step_scale=scales[1])
     if running.purpose is Purpose.CALIBRATE and scales is not None and not measured.outcome.verdict.final:
@@ -264,7 +263,11 @@ def step_scales(
     batch, its replicas and its config, within the calibration's bounds and rounded as status
     keeps them; None unless the window measured both. Their ratio is the one measurement the
     running config alone cannot give: what the other kind of config (speculation off on a
-    Control canary, on on a Reprobe's) costs here, on the same traffic at the same time."""
+    Control canary, on on a Reprobe's) costs here, on the same traffic at the same time. None
+    too when the two arms did not serve the same traffic (`traffic_skew`): the window then
+    measured two loads, not two configs."""
+    if traffic_skew(canary, incumbent) is not None:
+        return None
     prior = settings.prior_params()
     arms = (
         (canary, policy.plan.replicas, experiment.candidate_schedule or experiment.candidate_k or OFF),

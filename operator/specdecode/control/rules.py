@@ -979,7 +979,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     # A config chosen less than a trend window ago (at creation: the service itself) may have
     # a trend window that reads the time before the traffic began: the projection waits.
     steep = t.hedge_steep_rise if ctx.now - ctx.state.since >= s.trend_window_s else math.inf
-    reach = _reach(low, rise, steep)
+    reach, high_reach = _reach(low, rise, steep), _reach(high, rise, steep)
     hedge = best_hedge(calibration, est, current, preds, s, reach, t.hedge_zone, high)
     unneeded = ""
     if hedge is not None and rise is not None and rise < t.hedge_min_rise:
@@ -1017,7 +1017,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     ranked = sorted(preds, key=lambda k: (preds[k].score, -abs(k - current), -k), reverse=True)
 
     def trapped(k: int) -> str | None:
-        hedge_back = _locked_in(ctx, calibration, est, preds, k, _reach(high, rise, steep))
+        hedge_back = _locked_in(ctx, calibration, est, preds, k, high_reach)
         if hedge_back is not None:
             return (
                 f"it would be locked in (a restart needs the load below "
