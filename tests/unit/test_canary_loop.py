@@ -197,16 +197,18 @@ def test_a_worse_candidate_is_aborted_with_no_change_and_not_retried_before_the_
 
 def test_a_promotion_waits_while_its_rollout_would_overload_the_replicas_left_serving():
     """maxSurge 0: a promotion rolls the main Deployment and the canary's replica comes back at
-    once, so each round serves on two replicas of three. With the load risen to 32 req/s in
-    mid-experiment (114 % of what two carry) the canary keeps serving the candidate, the
-    record says why, and the promotion comes once the load allows it."""
+    once, so each round serves on two replicas of three. With the load risen in mid-experiment
+    to 32 req/s on the main Deployment's two replicas (48 req/s for the service's three, 114 %
+    of what two carry) the canary keeps serving the candidate, the record says why in the
+    service's figures, and the promotion comes once the load allows it."""
     _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=0.9)
     assert running_record(calm) is not None
     peak, busy = drive(SPEC, calm, 40, factor=0.9, workload=Workload(32, 1000, 300, 0, 0.8), start=NOW + 8 * MINUTE)
     assert not any(r.rerender for _, r in peak) and busy.speculation.enabled is False
     record = running_record(busy)
     assert record is not None and record.verdict == "Running"
-    assert "faster per token; the promotion waits: at 32.00 req/s the rollout would load" in record.reason
+    assert ("faster per token; the promotion waits: at 48.00 req/s the rollout would load the replicas left serving "
+            "to 114% of the 42.2 req/s they carry") in record.reason
     assert any("would promote draft_model K=1 over off" in r.decision.reason for _, r in peak)
     after, promoted = drive(SPEC, busy, 15, factor=0.9, start=NOW + 48 * MINUTE)
     (promotion,) = [r for _, r in after if r.rerender]

@@ -244,8 +244,10 @@ def _promotion_overloads(
     window = observed.window if observed.available else None
     if incumbent is None or candidate is None or window is None or window.idle:
         return None
-    # The predictions are the main Deployment's (`serving_settings`): its share of the load.
-    main = serving_settings(settings, state).replicas
+    # The predictions are the main Deployment's (`serving_settings` while the canary ran; the
+    # Promote has ended it in ``state``, so its plan gives the main Deployment's replicas).
+    policy = settings.experiments
+    main = policy.plan.main_replicas(policy.spec) if policy is not None else settings.replicas
     per_replica = min(incumbent.capacity_rps, candidate.capacity_rps) / main
     left = per_replica * serving_in_rollout(settings, settings.replicas)
     rate = observed.highest_request_rate(settings) / main * settings.replicas
