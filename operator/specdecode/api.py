@@ -617,13 +617,17 @@ class Rollout(ApiModel):
     max_surge: int = Field(
         0,
         description="Extra pods during a rollout. 0 needs no spare GPU but takes one replica out "
-        "for each change (with one replica, a change is an outage); 1 keeps capacity if a spare "
-        "GPU node exists.",
+        "for each change (with one replica, a change is an outage); 1 with maxUnavailable 0 keeps "
+        "every replica serving if a spare GPU node exists (with maxUnavailable 1, Kubernetes still "
+        "takes a replica down while the surge pod starts).",
         ge=0,
         le=64,
     )
     max_unavailable: int = Field(
-        1, description="Pods that may be down during a rollout.", ge=0, le=64
+        1, description="Pods that may be down during a rollout. 0 (with maxSurge >= 1) keeps every "
+        "replica serving through a change: the policy then pays no capacity for a restart, while "
+        "any other setting leaves replicas - maxUnavailable to carry the load for a model's load "
+        "time, which the policy prices and, near their capacity, waits out.", ge=0, le=64
     )
     startup_timeout: PositiveDuration = Duration(
         "30m",
@@ -1255,7 +1259,8 @@ class Observations(StatusModel):
         None,
         description="Highest finished requests per second of about the last day (a new peak at once; "
         "kept 26h after it was last seen, a load within 10% of it seeing it again; then falling to "
-        "today's load over hours): with rollout.maxSurge 0, a move to a config that could not carry "
+        "today's load over hours): where a rollout takes replicas away (rollout.maxSurge 0, or "
+        "maxUnavailable >= 1), a move to a config that could not carry "
         "it is held, since no restart back would be affordable when that load returns.",
     )
     recent_peak_at: Optional[str] = Field(

@@ -565,7 +565,7 @@ def test_a_canary_starting_does_not_make_the_fast_fallback_restart_every_replica
     Without a canary the same windows leave K=3; during the start-up the fast fallback used
     to turn speculation off on every replica (cancelling the experiment). A load that would
     make it act at the service's three replicas still does."""
-    spec = make_spec(rollout={"maxSurge": 1})  # no extra replicas: the canary borrows one
+    spec = make_spec(rollout={"maxSurge": 1, "maxUnavailable": 0})  # no extra replicas: the canary borrows one
     settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
     assert settings.experiments.plan.main_replicas(spec) == 2
     change = Experiment(Purpose.CHANGE, "draft_model K=2", hash_of(spec, 2), hash_of(spec, 3),

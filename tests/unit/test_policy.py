@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -89,7 +90,9 @@ def off(since: float = NOW - 7200, live: float | None = NOW - 7000) -> PolicySta
 
 
 def auto(**kw) -> PolicySettings:
-    base = dict(replicas=2, slo_e2e_s=5.0, slo_tpot_s=0.02, max_surge=1)
+    # A surge pod that starts before an old one goes: rollouts keep capacity unless a test
+    # asks for maxSurge 0.
+    base = dict(replicas=2, slo_e2e_s=5.0, slo_tpot_s=0.02, max_surge=1, max_unavailable=0)
     base.update(kw)
     return PolicySettings(**base)
 
@@ -359,6 +362,35 @@ def test_restart_price_blocks_a_small_gain_with_one_spare_less_replica():
     assert decision.action is Action.HOLD and "slower than staying" in decision.reason
     longer = rules.decide(auto(max_surge=0), on(3), both(load, 3), (), NOW)
     assert longer.action is Action.SET_K and longer.k == 1 and "restart included" in longer.reason
+
+
+@pytest.mark.parametrize("max_surge, max_unavailable", [(0, 1), (1, 1)])
+def test_a_move_held_for_its_restart_price_names_the_rollout_that_would_repay_it(max_surge, max_unavailable):
+    """The 26 % faster K=1 does not repay a rollout that leaves one replica of two serving
+    over 30 minutes. The hold says what the user can change: with a surge pod and no replica
+    allowed down, every replica keeps serving and the move would pay, and with that rollout it
+    goes ahead."""
+    load = Workload(12, 1000, 300, 0, 0.5)
+    tuning = control_settings.PolicyTuning(payback_horizon_s=1800.0)
+    held = rules.decide(
+        auto(max_surge=max_surge, max_unavailable=max_unavailable, tuning=tuning), on(3), both(load, 3), (), NOW)
+    assert held.action is Action.HOLD and "slower than staying" in held.reason
+    hint = re.search(r"with spec\.rollout\.maxSurge: (\d+) and maxUnavailable: 0 \(room for one more pod on a GPU "
+                     r"node during a rollout\) every replica would keep serving and the move would save (\d+)% of "
+                     r"latency", held.reason)
+    assert hint is not None, held.reason
+    assert int(hint.group(1)) == max(1, max_surge) and int(hint.group(2)) > 1
+    kept = rules.decide(auto(max_surge=1, max_unavailable=0, tuning=tuning), on(3), both(load, 3), (), NOW)
+    assert kept.action is Action.SET_K and kept.k == 1
+
+
+def test_a_move_no_rollout_would_repay_gives_no_hint():
+    """Over a 2-minute horizon no rollout repays a restart, however it rolls (K=8 -> K=3,
+    23 % faster): the hold names no setting that would not help."""
+    tuning = control_settings.PolicyTuning(payback_horizon_s=120.0)
+    held = rules.decide(auto(max_surge=0, tuning=tuning), on(8), both(LOW, 8), (), NOW)
+    assert held.action is Action.HOLD and "slower than staying" in held.reason
+    assert "maxUnavailable: 0" not in held.reason
 
 
 def test_cooldown_blocks_tuning():
@@ -810,6 +842,18 @@ def test_a_load_that_more_than_doubled_is_insured_before_it_steps_past_the_zone(
 def test_no_hedge_outside_the_zone_or_with_surge(rate, max_surge):
     decision = rules.decide(auto(max_surge=max_surge), on(3), both(Workload(rate, 1000, 300, 0, 0.8), 3), (), NOW)
     assert decision.rule != "hedge" and decision.action is Action.HOLD
+
+
+@pytest.mark.parametrize("max_surge, max_unavailable, hedges", [(0, 1, True), (1, 1, True), (2, 1, True), (1, 0, False)])
+def test_a_surge_keeps_capacity_only_where_no_replica_may_go_down(max_surge, max_unavailable, hedges):
+    """With maxUnavailable 1 the Deployment controller takes an old pod down while the surge
+    pod starts, so a rollout leaves one replica of two serving, maxSurge or not: at 16.6 req/s
+    the hedge insures against the load rising on to K=3's capacity. Only a surge with no pod
+    allowed down keeps every replica serving, and there is nothing to insure against."""
+    settings = auto(max_surge=max_surge, max_unavailable=max_unavailable)
+    assert settings.rollout_keeps_capacity is not hedges
+    decision = rules.decide(settings, on(3), both(Workload(16.6, 1000, 300, 0, 0.8), 3), (), NOW)
+    assert (decision.rule == "hedge") is hedges, decision.reason
 
 
 def test_hedge_outlook_prices_the_premium_and_the_future():

@@ -71,7 +71,7 @@ def both(workload: Workload, config: perfmodel.Config, **kw) -> PolicyObservatio
 
 
 def auto(**kw) -> PolicySettings:
-    base = dict(replicas=2, slo_e2e_s=15.0, slo_tpot_s=0.05, max_surge=1, schedules=True)
+    base = dict(replicas=2, slo_e2e_s=15.0, slo_tpot_s=0.05, max_surge=1, max_unavailable=0, schedules=True)
     base.update(kw)
     return PolicySettings(**base)
 

@@ -236,7 +236,7 @@ def _promotion_overloads(
     gains (a canary promoted EAGLE-3 K=8 over K=6, 7.8 % faster per token, eight minutes into
     a peak at 56 % of the service's capacity: one replica served it for six minutes, and the
     day's mean latency tripled)."""
-    if settings.max_surge > 0 or state.schedule is not None or measured.candidate_schedule is not None:
+    if settings.rollout_keeps_capacity or state.schedule is not None or measured.candidate_schedule is not None:
         return None
     predicted = {p.k: p for p in decision.predictions}
     incumbent = predicted.get(state.config)

@@ -388,10 +388,11 @@ def switch_outlook(
     horizon_s: float | None = None,
 ) -> SwitchOutlook:
     """Compare staying with switching now over ``horizon_s`` (default ``payback_horizon_s``;
-    the same phases the benchmark scores): with maxSurge 0 each round of the rollout takes
-    maxUnavailable replicas away for ``restart_s`` while the others serve (the majority's
-    config), the queue carries from round to round and into the new config; with
-    maxSurge >= 1 capacity is kept and the old config serves half of the rollout."""
+    the same phases the benchmark scores): each round of the rollout takes maxUnavailable
+    replicas (at least one) away for ``restart_s`` while the others serve (the majority's
+    config), the queue carries from round to round and into the new config; where the
+    rollout keeps capacity (maxSurge >= 1 with maxUnavailable 0,
+    `PolicySettings.rollout_keeps_capacity`) the old config serves half of the rollout."""
     horizon = settings.tuning.payback_horizon_s if horizon_s is None else horizon_s
     workload = workload_of(est, est.alpha if alpha is None else alpha)
     replicas = max(1, calibration.on.replicas)
@@ -400,7 +401,7 @@ def switch_outlook(
     stay = phase(calibration.params_for(current), workload, current, horizon, backlog, replicas, *slo)
 
     pieces: list[tuple[int, float, int]] = []  # (config, seconds, serving replicas)
-    if settings.max_surge >= 1:
+    if settings.rollout_keeps_capacity:
         pieces.append((current, replicas * settings.restart_s / 2.0, replicas))
     else:
         down = max(1, min(settings.max_unavailable, replicas))

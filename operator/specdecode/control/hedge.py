@@ -1,4 +1,5 @@
-"""The capacity hedge (maxSurge 0): a rollout serves on the replicas left, so near their
+"""The capacity hedge (a rollout that takes replicas away: maxSurge 0, or maxUnavailable >= 1,
+`PolicySettings.rollout_keeps_capacity`): it serves on the replicas left, so near their
 capacity every restart is an overload and the running config is locked in; the hedge
 insures against the load rising there."""
 
@@ -21,7 +22,7 @@ from specdecode.control.perfmodel import EngineParams, Workload
 class HedgeOutlook:
     """Switching from ``current`` to ``target`` now as insurance against a rising load.
 
-    With maxSurge 0 a rollout serves on the replicas left (R - maxUnavailable); once the load
+    A rollout that does not keep capacity serves on the replicas left (R - maxUnavailable); once the load
     passes what they carry, any restart is an overload and the running config is locked in.
     The hedge compares two futures over the payback horizon: the load stays (the premium:
     what the switch costs today, restart included) or it rises to ``future_rate`` (the
@@ -58,7 +59,7 @@ class HedgeOutlook:
 
 
 def serving_in_rollout(settings: PolicySettings, replicas: int) -> int:
-    """Replicas that keep serving while a maxSurge-0 rollout restarts the others."""
+    """Replicas that keep serving while a rollout that takes replicas away restarts the others."""
     return replicas - max(1, min(settings.max_unavailable, replicas))
 
 
@@ -69,11 +70,12 @@ def rollout_capacity_of(
     settings: PolicySettings,
     alpha: float | None = None,
 ) -> float | None:
-    """What the replicas left serving during a maxSurge-0 rollout carry (the lowest over
-    ``configs``); None with maxSurge >= 1 or a single replica."""
+    """What the replicas left serving during a rollout carry (the lowest over ``configs``);
+    None where the rollout keeps capacity (`PolicySettings.rollout_keeps_capacity`) or with
+    a single replica."""
     replicas = max(1, calibration.on.replicas)
     serving = serving_in_rollout(settings, replicas)
-    if settings.max_surge >= 1 or serving < 1:
+    if settings.rollout_keeps_capacity or serving < 1:
         return None
     return min(config_capacity(calibration, est, k, serving, alpha) for k in configs)
 
@@ -98,7 +100,8 @@ def overloading_rollout(
 ) -> float | None:
     """The rollout capacity (`rollout_capacity_of`) when ``rate`` reaches
     ``restart_max_rollout_load`` of it: a restart now would overload the replicas left
-    serving. None when it would not (or with maxSurge >= 1 or a single replica)."""
+    serving. None when it would not (or where the rollout keeps capacity, or with a single
+    replica)."""
     capacity = rollout_capacity_of(calibration, est, configs, settings, alpha)
     if capacity is None or rate < settings.tuning.restart_max_rollout_load * capacity:
         return None
@@ -122,14 +125,14 @@ def hedge_outlook(
     peak_rate: float | None = None,
     alpha: float | None = None,
 ) -> HedgeOutlook | None:
-    """The hedge from ``current`` to ``target``; None when it does not apply: maxSurge >= 1,
+    """The hedge from ``current`` to ``target``; None when it does not apply: a rollout that keeps capacity,
     a single replica, a target without ``hedge_min_capacity_gain`` more capacity, ``rate``
     (default: the estimate's) below ``zone`` x the rollout's capacity, or ``peak_rate`` (when
     given) at or above it (too late: the rollout itself would overload)."""
     t = settings.tuning
     replicas = max(1, calibration.on.replicas)
     serving = serving_in_rollout(settings, replicas)
-    if settings.max_surge >= 1 or serving < 1:
+    if settings.rollout_keeps_capacity or serving < 1:
         return None
     horizon = t.payback_horizon_s
     slo = (settings.slo_e2e_s, settings.slo_tpot_s)

@@ -659,6 +659,28 @@ def _guards(ctx: _Context, obs: Observation, flags: Condition, below_floor: bool
     return None
 
 
+def _surge_would_pay(
+    calibration: Calibration, est: Estimate, current: int, target: int, s: PolicySettings,
+    alpha: float | None, horizon: float,
+) -> str:
+    """What the user can change when a move is held for its price and the rollout takes
+    replicas away: where the queue on the replicas left serving is the price, a surge pod
+    that starts before an old one goes keeps every replica serving, and the hold says how
+    much the move would then save. Empty when that would not make it pay either, or when the
+    rollout already keeps capacity."""
+    if s.rollout_keeps_capacity:
+        return ""
+    surging = replace(s, max_surge=max(1, s.max_surge), max_unavailable=0)
+    outlook = switch_outlook(calibration, est, current, target, surging, alpha, horizon)
+    if not outlook.pays(s.tuning.min_switch_saving) or outlook.saving <= 0:
+        return ""
+    return (
+        f"; with spec.rollout.maxSurge: {surging.max_surge} and maxUnavailable: 0 (room for one more pod on a "
+        f"GPU node during a rollout) every replica would keep serving and the move would save "
+        f"{fmt_pct(outlook.saving)} of latency"
+    )
+
+
 def _canary_start_alone(ctx: _Context, est: Estimate, current: int, target: int, margin: float) -> bool:
     """Whether the fast fallback's case rests on a capacity-neutral canary's start alone
     (`canary.canary_starting`): for those minutes the main Deployment's replicas carry the
@@ -1187,7 +1209,8 @@ def _change(
                 ctx, Action.HOLD, keep, rule,
                 f"would move to {label(target)} ({reason}), but over "
                 f"{fmt_s(horizon)} the restart ({fmt_s(outlook.rollout_s)}) makes "
-                f"it {fmt_pct(-outlook.saving)} slower than staying",
+                f"it {fmt_pct(-outlook.saving)} slower than staying"
+                f"{_surge_would_pay(calibration, est, current, target, s, alpha, horizon)}",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
             return replace(held, held=Held.PRICE, wanted=rule)

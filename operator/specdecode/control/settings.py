@@ -172,6 +172,14 @@ class PolicySettings:
     """Why this service cannot run an operator-chosen schedule (version, method, a declared
     table), None when it can (`schedule_support.unsupported_reason`)."""
 
+    @property
+    def rollout_keeps_capacity(self) -> bool:
+        """Whether a rollout keeps every replica serving: a surge pod starts before an old one
+        goes (maxSurge >= 1 and maxUnavailable 0). With maxUnavailable >= 1 the Deployment
+        controller takes old pods down while the surge pods start, maxSurge or not: the
+        replicas left serving carry the load for a restart's time, as with maxSurge 0."""
+        return self.max_surge >= 1 and self.max_unavailable == 0
+
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:
             raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}..{self.max_k}")
