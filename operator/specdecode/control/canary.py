@@ -247,7 +247,7 @@ def _promotion_overloads(
     # The predictions are the main Deployment's (`serving_settings` while the canary ran; the
     # Promote has ended it in ``state``, so its plan gives the main Deployment's replicas).
     policy = settings.experiments
-    main = policy.plan.main_replicas(policy.spec) if policy is not None else settings.replicas
+    main = max(1, policy.plan.main_replicas(policy.spec)) if policy is not None else settings.replicas
     per_replica = min(incumbent.capacity_rps, candidate.capacity_rps) / main
     left = per_replica * serving_in_rollout(settings, settings.replicas)
     rate = observed.highest_request_rate(settings) / main * settings.replicas

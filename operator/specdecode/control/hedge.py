@@ -22,8 +22,9 @@ from specdecode.control.perfmodel import EngineParams, Workload
 class HedgeOutlook:
     """Switching from ``current`` to ``target`` now as insurance against a rising load.
 
-    A rollout that does not keep capacity serves on the replicas left (R - maxUnavailable); once the load
-    passes what they carry, any restart is an overload and the running config is locked in.
+    A rollout that does not keep capacity serves on the replicas left (R - maxUnavailable);
+    once the load passes what they carry, any restart is an overload and the running config is
+    locked in.
     The hedge compares two futures over the payback horizon: the load stays (the premium:
     what the switch costs today, restart included) or it rises to ``future_rate`` (the
     current config's capacity x ``hedge_overload``), where the target is faster by
@@ -125,10 +126,10 @@ def hedge_outlook(
     peak_rate: float | None = None,
     alpha: float | None = None,
 ) -> HedgeOutlook | None:
-    """The hedge from ``current`` to ``target``; None when it does not apply: a rollout that keeps capacity,
-    a single replica, a target without ``hedge_min_capacity_gain`` more capacity, ``rate``
-    (default: the estimate's) below ``zone`` x the rollout's capacity, or ``peak_rate`` (when
-    given) at or above it (too late: the rollout itself would overload)."""
+    """The hedge from ``current`` to ``target``; None when it does not apply: a rollout that
+    keeps capacity, a single replica, a target without ``hedge_min_capacity_gain`` more
+    capacity, ``rate`` (default: the estimate's) below ``zone`` x the rollout's capacity, or
+    ``peak_rate`` (when given) at or above it (too late: the rollout itself would overload)."""
     t = settings.tuning
     replicas = max(1, calibration.on.replicas)
     serving = serving_in_rollout(settings, replicas)

@@ -8,6 +8,11 @@ bounded decision history), so decisions survive an operator restart.
 A *config* is an integer as in `specdecode.control.perfmodel`: 0 is speculation off, K >= 1 is K
 drafted tokens per step.
 
+"maxSurge 0" below stands for any rollout that takes replicas away: maxSurge 0, or
+maxUnavailable >= 1 whatever maxSurge is (the Deployment controller takes an old pod down while
+a surge pod starts). Only maxSurge >= 1 with maxUnavailable 0 keeps every replica serving
+(`PolicySettings.rollout_keeps_capacity`).
+
 Order of the rules (the first that applies decides):
 
 1. Mode Off: hold the spec's declared K; no decisions (the handler renders the spec as is).
