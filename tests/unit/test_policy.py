@@ -15,7 +15,7 @@ from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode as Mode
 from specdecode.control import estimates, hedge, memory, rules
 from specdecode.control import settings as control_settings
-from specdecode.control.decision import Action, ConfigPrediction
+from specdecode.control.decision import Action, ConfigPrediction, Held
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import HistoryEntry, history_entry
 from specdecode.control.settings import PolicySettings
@@ -1159,6 +1159,65 @@ def test_tuning_at_night_keeps_the_capacity_the_days_peak_needs(peak):
     else:
         assert not decision.changes
         assert "the load reached 38.4 req/s within the last day" in decision.reason
+
+
+POOR_DRAFT_CALM = Workload(8, 1000, 300, 0, 0.40)
+"""A 2-replica draft-model service at 8 req/s with a poor draft (acceptance 0.40): by the prior
+K=1 and speculation off are within 1 % of each other per token, K=1 carries 33.2 req/s and
+speculation off 42.2."""
+
+
+@pytest.mark.parametrize("peak, surge, outcome", [
+    (38.0, 0, "ready"),  # K=1 meets the peak overloaded, and no restart can leave it then
+    (None, 0, "hold"),  # no peak lately
+    (33.0, 0, "hold"),  # K=1 carries the peak
+    (38.0, 1, "hold"),  # the rollout keeps capacity: a move at the peak costs nothing
+])
+def test_inside_the_hysteresis_a_config_that_cannot_carry_the_days_peak_gives_way_at_the_calm(peak, surge, outcome):
+    """maxSurge 0, at the calm: speculation off is 1 % faster per token than the running K=1,
+    inside the hysteresis, and alone carries the 38 req/s the load reached within the last
+    day. Should that peak come back, K=1 meets it in an overload a restart would only deepen
+    (one replica left serving): the move is made now, while the rollout is cheap, and says
+    why. With no peak, one K=1 carries, or a rollout that keeps every replica serving, the
+    hysteresis holds."""
+    settings = auto(max_surge=surge, max_unavailable=0, slo_tpot_s=None, slo_e2e_s=None)
+    decision = rules.decide(settings, replace(on(1), recent_peak_rate=peak), both(POOR_DRAFT_CALM, 1), (), NOW)
+    speedups = {p.k: p.speedup for p in decision.predictions}
+    assert 1.0 <= speedups[OFF] < 1.05 and _capacity(decision, 1) < 38.0 < _capacity(decision, OFF)
+    if outcome == "ready":
+        assert decision.action is Action.DISABLE and decision.rule == "tune" and decision.applied
+        assert decision.reason.startswith("ready for the peak: K=1 carries 33.2 req/s and the load reached 38.0 req/s")
+        assert "off carries 40.1 req/s (its step 5% slower than predicted) and is no slower now" in decision.reason
+        assert "(at most 5% for this move)" in decision.reason
+    else:
+        assert decision.action is Action.HOLD and decision.k == 1
+        assert decision.reason.startswith("K=1 is best within 5%")
+
+
+def test_a_config_slower_now_is_no_readiness_for_the_peak():
+    """At acceptance 0.46 and 12 req/s speculation off carries the day's peak but is 0.4 %
+    slower per token than K=1 now: readiness for a peak that may not come is not bought with
+    a slower service today."""
+    calm = both(Workload(12, 1000, 300, 0, 0.46), 1)
+    settings = auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None)
+    decision = rules.decide(settings, replace(on(1), recent_peak_rate=38.0), calm, (), NOW)
+    assert next(p.speedup for p in decision.predictions if p.k == OFF) < 1.0
+    assert decision.action is Action.HOLD and decision.reason.startswith("K=1 is best within 5%")
+
+
+def test_readiness_for_the_peak_pays_a_bounded_restart_price():
+    """At 12 req/s and acceptance 0.44 the rollout to speculation off costs 5 % of the next
+    hour's latency, more than a readiness move may (`peak_readiness_price`): held for its
+    price, and the reason says what the move was for and what it may cost."""
+    calm = both(Workload(12, 1000, 300, 0, 0.44), 1)
+    settings = auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None)
+    state = replace(on(1), recent_peak_rate=38.0)
+    decision = rules.decide(settings, state, calm, (), NOW)
+    assert decision.action is Action.HOLD and decision.held is Held.PRICE and decision.k == 1
+    assert "would move to off (ready for the peak" in decision.reason
+    assert "slower than staying (at most 5% for this move)" in decision.reason
+    generous = replace(settings, tuning=replace(settings.tuning, peak_readiness_price=0.10))
+    assert rules.decide(generous, state, calm, (), NOW).action is Action.DISABLE
 
 
 @pytest.mark.parametrize("peak", [None, 30.0, 37.0])

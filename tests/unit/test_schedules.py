@@ -735,13 +735,14 @@ def test_a_schedule_waits_for_a_load_its_restart_would_not_overload():
     assert after.schedule is None and "its restart would load the replicas left serving to 119%" in after.schedule_note
 
 
-def _at_calm_remembering(peak: float | None, rate: float, max_surge: int = 0) -> tuple:
+def _at_calm_remembering(peak: float | None, rate: float, max_surge: int = 0, **tuning) -> tuple:
     """A draft model at K=1 (acceptance 0.4, two replicas, maxSurge 0: it carries 33 req/s,
     speculation off 42) at the calm of ``rate``, whose batch range of the last hours has
     faded to the calm's (a real day's peak is 20 hours back), with ``peak`` the load of the
-    last day (`memory.recent_peak`)."""
+    last day (`memory.recent_peak`); ``tuning``: `PolicyTuning` fields changed."""
     prior = replace(TRUTH, schedule_overhead_s=0.2e-3)
     settings = auto(prior=prior, max_surge=max_surge)
+    settings = replace(settings, tuning=replace(settings.tuning, **tuning))
     state = ControlState(enabled=True, k=1, since=NOW - 7200, live_since=NOW - 7000, ready_replicas=2,
                          batch_low=2.0, batch_high=6.0, observed_at=NOW - 60,
                          recent_peak_rate=peak, recent_peak_at=None if peak is None else NOW - 3600)
@@ -776,8 +777,14 @@ def test_a_schedule_that_would_carry_the_peak_for_too_much_of_the_calm_is_not_ad
     """At 12 req/s the calm's batch (18) already falls in the schedule's undrafted range: it
     would carry the peak for 6.9 % more time per token at today's batch, past the 5 % a
     schedule may cost to carry it (and near the 8 % at which the after-rollout check reverts
-    it). K=1 stays, and status says why."""
+    it), and status says why. Speculation off, 5 % faster than K=1 there (inside the
+    hysteresis), carries the peak too: the rules move to it, for the peak's sake (`rules`,
+    readiness for the last day's peak). Where that move may cost nothing over the next hour,
+    K=1 stays."""
     decision, after = _at_calm_remembering(36.0, 12.0)
+    assert decision.action is Action.DISABLE and decision.rule is Rule.TUNE and after.schedule is None
+    assert decision.reason.startswith("ready for the peak: K=1 carries 33.2 req/s and the load reached 36.0")
+    decision, after = _at_calm_remembering(36.0, 12.0, peak_readiness_price=0.0)
     assert not decision.changes and after.schedule is None, decision.reason
     assert "carries 39.7 req/s of the 36.0 that K=1 cannot" in after.schedule_note
     assert "+6.9% per token now (at most 5%)" in after.schedule_note

@@ -85,6 +85,16 @@ Order of the rules (the first that applies decides):
    serving during a rollout to off must carry today's load at ``restart_max_rollout_load``
    (else the floor waits, rule 6, and the service keeps its longest draft exactly while it
    loses most); the longest draft that does is the choice.
+   Inside the hysteresis one move still goes ahead: readiness for the last day's peak
+   (maxSurge 0). When the running config carries less than the peak of about the last day
+   (status.observations.recentPeakRequestRate), a restart at that load would overload the
+   replicas left serving, and a config no slower now carries it (with its step
+   ``unmeasured_step_tolerance`` slower than predicted), the move is made at the calm, while
+   the rollout is cheap, for up to ``peak_readiness_price`` of the next hour's latency: the
+   horizon sees the calm, not the overload it avoids. (Generated `gen-1-15-swing-x2`: an
+   EAGLE service held K=3 at the calm, where K=2 was 3 to 4 % faster and alone carried the
+   peak, and met the second peak overloaded: 0.28 against 1.00 for K=1 all day; readied at
+   the calm, 0.45.)
 
 Prediction (the performance model calibrated to the observations):
 
@@ -120,7 +130,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from specdecode import constants
 from specdecode.api import AutotuneMode
@@ -965,6 +975,54 @@ def _peak_unserved(
     )
 
 
+def _ready_for_peak(
+    ctx: _Context,
+    calibration: Calibration,
+    est: Estimate,
+    preds: Mapping[int, ConfigPrediction],
+    trapped: Callable[[int], str | None],
+) -> tuple[int, str] | None:
+    """A config to move to inside the hysteresis, and why: the current config carries less
+    than the peak of about the last day (`memory.recent_peak`), with maxSurge 0 a restart at
+    that load would overload the replicas left serving, and a config at least as fast now
+    carries it (its step ``unmeasured_step_tolerance`` slower than predicted). Should the peak
+    come back, the current config meets it in an overload no restart can leave; a move now,
+    at a load the rollout carries, costs nothing the model can tell. None otherwise."""
+    peak, current = ctx.state.recent_peak_rate, ctx.current
+    if peak is None:
+        return None
+    cur = preds[current]
+    if cur.capacity_rps >= peak:
+        return None
+    t = ctx.tuning
+    candidates = []
+    for k, pred in preds.items():
+        if k == current or pred.score < cur.score:
+            continue
+        carries = config_capacity(
+            calibration.slowed(k, 1.0 + t.unmeasured_step_tolerance), est, k, calibration.on.replicas
+        )
+        if carries < peak:
+            continue
+        candidates.append((pred.score, -abs(k - current), k, carries))
+    for _, _, k, carries in sorted(candidates, reverse=True):
+        if trapped(k) is not None:
+            continue
+        rollout = overloading_rollout(calibration, est, (k, current), ctx.settings, peak)
+        if rollout is None:
+            return None
+        if overloading_rollout(calibration, est, (k, current), ctx.settings, est.request_rate) is not None:
+            return None
+        return k, (
+            f"ready for the peak: {label(current)} carries {cur.capacity_rps:.1f} req/s and the load "
+            f"reached {peak:.1f} req/s within the last day, where a restart would load the replicas "
+            f"left serving to {peak / rollout:.0%} of the {rollout:.1f} req/s they carry; {label(k)} "
+            f"carries {carries:.1f} req/s (its step {t.unmeasured_step_tolerance:.0%} slower than "
+            f"predicted) and is no slower now (predicted {summary(preds, (k, current))})"
+        )
+    return None
+
+
 def _exit_closed(
     ctx: _Context, calibration: Calibration, est: Estimate, k: int, rate: float
 ) -> str | None:
@@ -1074,6 +1132,11 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
         return hold(f"at {high:.2f} req/s no faster config is safe to enter: {locked}; keeping {label(current)} {context}")
     if best == current or preds[best].score < cur.score * (1 + t.min_gain):
+        ready = _ready_for_peak(ctx, calibration, est, preds, trapped)
+        if ready is not None:
+            target, why = ready
+            return _change(ctx, target, Rule.TUNE, f"{why} {context}", preds, flags, est, scale, guard=False,
+                           price_allowance=t.peak_readiness_price)
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
         return hold(
@@ -1151,10 +1214,13 @@ def _change(
     *,
     guard: bool,
     alpha: float | None = None,
+    price_allowance: float = 0.0,
 ) -> Decision:
     """A change to ``target``, unless the restart price, cooldown or budget forbids it.
 
     ``alpha`` is the acceptance the predictions assumed (a re-probe's), default the estimate's.
+    ``price_allowance``: the latency the move may cost over the payback horizon, restart
+    included (a move whose worth the horizon does not see: `_ready_for_peak`).
     """
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
     current = ctx.current
@@ -1209,20 +1275,28 @@ def _change(
         calibration, _ = ctx.calibrated(est)
         horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
         outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
-        if not outlook.pays(t.min_switch_saving):
+        affordable = price_allowance > 0 and outlook.saving >= -price_allowance
+        if not outlook.pays(t.min_switch_saving) and not affordable:
             held = _make(
                 ctx, Action.HOLD, keep, rule,
                 f"would move to {label(target)} ({reason}), but over "
                 f"{fmt_s(horizon)} the restart ({fmt_s(outlook.rollout_s)}) makes "
                 f"it {fmt_pct(-outlook.saving)} slower than staying"
+                f"{f' (at most {price_allowance:.0%} for this move)' if price_allowance > 0 else ''}"
                 f"{_surge_would_pay(calibration, est, current, target, s, alpha, horizon)}",
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
             return replace(held, held=Held.PRICE, wanted=rule)
-        reason = (
-            f"{reason}; switching saves {fmt_pct(outlook.saving)} of latency over "
-            f"{fmt_s(horizon)}, restart included"
-        )
+        if outlook.pays(t.min_switch_saving):
+            reason = (
+                f"{reason}; switching saves {fmt_pct(outlook.saving)} of latency over "
+                f"{fmt_s(horizon)}, restart included"
+            )
+        else:
+            reason = (
+                f"{reason}; switching costs {fmt_pct(max(0.0, -outlook.saving))} of latency over "
+                f"{fmt_s(horizon)}, restart included (at most {price_allowance:.0%} for this move)"
+            )
 
     if ctx.acting and rule is not Rule.BOUNDS:
         if not guard and memory.last_change_at is not None:

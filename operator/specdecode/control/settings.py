@@ -45,6 +45,11 @@ class PolicyTuning:
     abandonment): 75 seconds of evidence are trusted for a shorter future."""
     min_switch_saving: float = 0.01
     """Switching (restart included) must save at least 1% of latency over the horizon."""
+    peak_readiness_price: float = 0.05
+    """A move that readies the service for the return of the last day's peak (the current
+    config cannot carry it, and with maxSurge 0 no restart can leave it then) may cost up to
+    this much latency over the payback horizon, restart included: the horizon sees the calm,
+    not the overload the move avoids."""
     prediction_horizon_s: float = perfmodel.DEFAULT_HORIZON_S
     """Phase length the performance model evaluates each config over (queue growth counts)."""
     stale_after_scrapes: float = 4.0
