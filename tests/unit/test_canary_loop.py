@@ -670,3 +670,18 @@ def test_a_reprobe_into_an_acceptance_still_below_the_floor_is_aborted_at_once_n
     # The same evaluation with a canary that pays again is left to the test's windows.
     recovered = evaluate_once(SPEC, status, both(COLLAPSED, 0), canary=observe(LOW, 3, 300))
     assert recovered.status.experiments[-1].verdict == "Running"
+
+
+def test_readiness_for_the_days_peak_applies_at_once_not_on_a_canary():
+    """Experiments on (the API's default), two replicas, maxSurge 0, K=1 at the calm with a
+    poor draft, and a peak of 38 req/s within the last day that only speculation off carries:
+    the move to off is made at once. Its canary could only measure the calm, where off is
+    no faster, and would end without a clear difference; the move is for the peak."""
+    spec = make_spec(replicas=2)
+    settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
+    assert settings.experiments is not None
+    state = replace(cs.from_status(live_status(spec, 1), spec, _dt(NOW)), recent_peak_rate=38.0)
+    decision, after = step(settings, state, both(Workload(8, 1000, 300, 0, 0.40), 1), NOW)
+    assert decision.rule is Rule.PEAK_READINESS and decision.action is Action.DISABLE and decision.applied
+    assert decision.reason.startswith("ready for the peak: K=1 carries")
+    assert after.experiments == () and not after.enabled

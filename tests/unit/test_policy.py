@@ -1185,7 +1185,7 @@ def test_inside_the_hysteresis_a_config_that_cannot_carry_the_days_peak_gives_wa
     speedups = {p.k: p.speedup for p in decision.predictions}
     assert 1.0 <= speedups[OFF] < 1.05 and _capacity(decision, 1) < 38.0 < _capacity(decision, OFF)
     if outcome == "ready":
-        assert decision.action is Action.DISABLE and decision.rule == "tune" and decision.applied
+        assert decision.action is Action.DISABLE and decision.rule == "peak-readiness" and decision.applied
         assert decision.reason.startswith("ready for the peak: K=1 carries 33.2 req/s and the load reached 38.0 req/s")
         assert "off carries 40.1 req/s (its step 5% slower than predicted) and is no slower now" in decision.reason
         assert "(at most 5% for this move)" in decision.reason

@@ -782,7 +782,7 @@ def test_a_schedule_that_would_carry_the_peak_for_too_much_of_the_calm_is_not_ad
     readiness for the last day's peak). Where that move may cost nothing over the next hour,
     K=1 stays."""
     decision, after = _at_calm_remembering(36.0, 12.0)
-    assert decision.action is Action.DISABLE and decision.rule is Rule.TUNE and after.schedule is None
+    assert decision.action is Action.DISABLE and decision.rule is Rule.PEAK_READINESS and after.schedule is None
     assert decision.reason.startswith("ready for the peak: K=1 carries 33.2 req/s and the load reached 36.0")
     decision, after = _at_calm_remembering(36.0, 12.0, peak_readiness_price=0.0)
     assert not decision.changes and after.schedule is None, decision.reason

@@ -44,6 +44,11 @@ class Rule(StrEnum):
     FLOOR = "floor"
     REPROBE = "reprobe"
     HEDGE = "hedge"
+    PEAK_READINESS = "peak-readiness"
+    """Inside the hysteresis, a config that cannot carry the last day's peak gives way at the
+    calm to one no slower now that does (`rules._ready_for_peak`). Applied at once, as a
+    hedge: a canary at the calm could only measure the claim the move does not make (that
+    the new config is faster there), and would end without a clear difference."""
     TUNE = "tune"
     HOLD = "hold"
     COOLDOWN = "cooldown"

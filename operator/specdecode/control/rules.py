@@ -91,7 +91,8 @@ Order of the rules (the first that applies decides):
    replicas left serving, and a config no slower now carries it (with its step
    ``unmeasured_step_tolerance`` slower than predicted), the move is made at the calm, while
    the rollout is cheap, for up to ``peak_readiness_price`` of the next hour's latency: the
-   horizon sees the calm, not the overload it avoids. (Generated `gen-1-15-swing-x2`: an
+   horizon sees the calm, not the overload it avoids. It applies at once, as a hedge does:
+   a canary at the calm could only test a gain the move does not claim. (Generated `gen-1-15-swing-x2`: an
    EAGLE service held K=3 at the calm, where K=2 was 3 to 4 % faster and alone carried the
    peak, and met the second peak overloaded: 0.28 against 1.00 for K=1 all day; readied at
    the calm, 0.45.)
@@ -1135,7 +1136,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         ready = _ready_for_peak(ctx, calibration, est, preds, trapped)
         if ready is not None:
             target, why = ready
-            return _change(ctx, target, Rule.TUNE, f"{why} {context}", preds, flags, est, scale, guard=False,
+            return _change(ctx, target, Rule.PEAK_READINESS, f"{why} {context}", preds, flags, est, scale, guard=False,
                            price_allowance=t.peak_readiness_price)
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))

@@ -127,9 +127,9 @@ OVERHEAD_BOUNDS = (0.0, 0.05)
 KEPT_RULES = FLOOR_RULES | {Rule.BOUNDS, Rule.MODE_OFF, Rule.SCHEDULE, Rule.SCHEDULE_REVERT}
 """Rules that still change a config under a schedule: the floor and collapse (acceptance, the
 user's hard rule) and the bounds. The others react to load, which the schedule follows."""
-SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE})
+SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS})
 """Rules whose hold means "the plain K is right": a schedule may then be proposed."""
-LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE})
+LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS})
 """Rules whose change follows the load: a schedule may be adopted instead."""
 BATCH_MEMORY_S = 6 * 3600.0
 """Time constant of the batch range memory: a load swing of a day's peak is remembered
