@@ -92,10 +92,10 @@ Order of the rules (the first that applies decides):
    ``unmeasured_step_tolerance`` slower than predicted), the move is made at the calm, while
    the rollout is cheap, for up to ``peak_readiness_price`` of the next hour's latency: the
    horizon sees the calm, not the overload it avoids. It applies at once, as a hedge does:
-   a canary at the calm could only test a gain the move does not claim. (Generated `gen-1-15-swing-x2`: an
-   EAGLE service held K=3 at the calm, where K=2 was 3 to 4 % faster and alone carried the
-   peak, and met the second peak overloaded: 0.28 against 1.00 for K=1 all day; readied at
-   the calm, 0.45.)
+   a canary at the calm could only test a gain the move does not claim. (Generated
+   `gen-1-15-swing-x2`: an EAGLE service held K=3 at the calm, where K=2 was 3 to 4 % faster
+   and alone carried the peak, and met the second peak overloaded: 0.28 against 1.00 for K=1
+   all day; readied at the calm, 0.45.)
 
 Prediction (the performance model calibrated to the observations):
 
@@ -988,7 +988,8 @@ def _ready_for_peak(
     that load would overload the replicas left serving, and a config at least as fast now
     carries it (its step ``unmeasured_step_tolerance`` slower than predicted). Should the peak
     come back, the current config meets it in an overload no restart can leave; a move now,
-    at a load the rollout carries, costs nothing the model can tell. None otherwise."""
+    at a load the rollout carries, costs its restart and no speed. None otherwise (also while
+    today's load would overload that rollout: the move waits for a calmer one)."""
     peak, current = ctx.state.recent_peak_rate, ctx.current
     if peak is None:
         return None
@@ -1136,8 +1137,8 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         ready = _ready_for_peak(ctx, calibration, est, preds, trapped)
         if ready is not None:
             target, why = ready
-            return _change(ctx, target, Rule.PEAK_READINESS, f"{why} {context}", preds, flags, est, scale, guard=False,
-                           price_allowance=t.peak_readiness_price)
+            return _change(ctx, target, Rule.PEAK_READINESS, f"{why} {context}", preds, flags, est, scale,
+                           guard=False, price_allowance=t.peak_readiness_price)
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
         return hold(
