@@ -961,8 +961,7 @@ def _peak_unserved(
         return None
     carries = preds[k].capacity_rps
     if unmeasured > 0:
-        slowed = calibration.slowed(k, 1.0 + unmeasured)
-        carries = config_capacity(slowed, est, k, calibration.on.replicas, alpha)
+        carries = _capacity_unmeasured(calibration, est, k, unmeasured, alpha)
     if carries >= peak or carries >= preds[current].capacity_rps:
         return None
     rollout = overloading_rollout(calibration, est, (k, current), ctx.settings, peak, alpha)
@@ -974,6 +973,14 @@ def _peak_unserved(
         f"last day: should it come back, a restart would load the replicas left serving to "
         f"{peak / rollout:.0%} of the {rollout:.1f} req/s they carry"
     )
+
+
+def _capacity_unmeasured(
+    calibration: Calibration, est: Estimate, k: int, unmeasured: float, alpha: float | None = None
+) -> float:
+    """What ``k`` carries with its step ``unmeasured`` slower than predicted: a config the
+    running one does not measure is the prior's shape carried from today's batch."""
+    return config_capacity(calibration.slowed(k, 1.0 + unmeasured), est, k, calibration.on.replicas, alpha)
 
 
 def _ready_for_peak(
@@ -1001,9 +1008,7 @@ def _ready_for_peak(
     for k, pred in preds.items():
         if k == current or pred.score < cur.score:
             continue
-        carries = config_capacity(
-            calibration.slowed(k, 1.0 + t.unmeasured_step_tolerance), est, k, calibration.on.replicas
-        )
+        carries = _capacity_unmeasured(calibration, est, k, t.unmeasured_step_tolerance)
         if carries < peak:
             continue
         candidates.append((pred.score, -abs(k - current), k, carries))
@@ -1277,8 +1282,9 @@ def _change(
         calibration, _ = ctx.calibrated(est)
         horizon = t.guard_payback_horizon_s if guard else t.payback_horizon_s
         outlook = switch_outlook(calibration, est, current, target, s, alpha, horizon)
+        pays = outlook.pays(t.min_switch_saving)
         affordable = price_allowance > 0 and outlook.saving >= -price_allowance
-        if not outlook.pays(t.min_switch_saving) and not affordable:
+        if not pays and not affordable:
             held = _make(
                 ctx, Action.HOLD, keep, rule,
                 f"would move to {label(target)} ({reason}), but over "
@@ -1289,7 +1295,7 @@ def _change(
                 metrics=flags, predictions=pred_map, est=est, scale=scale,
             )
             return replace(held, held=Held.PRICE, wanted=rule)
-        if outlook.pays(t.min_switch_saving):
+        if pays:
             reason = (
                 f"{reason}; switching saves {fmt_pct(outlook.saving)} of latency over "
                 f"{fmt_s(horizon)}, restart included"
