@@ -1349,6 +1349,12 @@ class DecisionRecord(StatusModel):
 
     time: str = Field(description="When (RFC 3339).", max_length=64)
     action: str = Field(description="set_k, disable, enable or fallback.", max_length=32)
+    rule: Optional[str] = Field(
+        None, description="The policy's rule that decided: tune, hedge, peak-readiness, reprobe, experiment, "
+        "schedule, fast-fallback, floor, collapse, slo-guard, bounds, ... (the names `specdecode bench trace` "
+        "prints). Absent for a start-up failure's fallback and in records written before the operator kept "
+        "it.", max_length=32,
+    )
     from_k: Optional[int] = Field(None, description="K before; absent when speculation was off.")
     to_k: Optional[int] = Field(None, description="K after; absent when speculation is off.")
     applied: bool = Field(True, description="False for Recommend mode: reported, not acted on.")

@@ -174,6 +174,8 @@ def test_collapse_falls_back_fast_survives_an_operator_kill_and_recovers(cluster
 
         # The operator dies hard mid-scenario and comes back: it carries on from status.
         disables = [h for h in off["history"] if h["action"] == "disable"]
+        # status.history names the rule that decided, with the same names as bench trace.
+        assert disables and disables[-1].get("rule") in ("collapse", "floor", "fast-fallback", "slo-guard"), disables
         operator.process.managed.process.send_signal(signal.SIGKILL)
         operator.process.managed.process.wait(timeout=30)
         operator.restart()
@@ -186,6 +188,7 @@ def test_collapse_falls_back_fast_survives_an_operator_kill_and_recovers(cluster
             assert (earlier["action"], earlier.get("toK")) != (later["action"], later.get("toK")) or earlier["time"] != later["time"], \
                 f"duplicate decision {earlier} / {later}"
         assert history[-1]["action"] in ("enable", "set_k")
+        assert history[-1].get("rule") in ("reprobe", "experiment"), history[-1]
 
 
 def test_load_surge_reduces_speculation_and_calm_restores_it(cluster, kube_api, operator, namespace, tmp_path):

@@ -58,6 +58,7 @@ def records(draw):
         to_k=None if action in (Action.DISABLE, Action.FALLBACK) else draw(ks),
         reason=draw(st.text(max_size=40)), applied=draw(st.booleans()),
         alpha=draw(alphas), step_scale=draw(st.one_of(st.none(), st.floats(0.2, 5.0).map(lambda s: round(s, 4)))),
+        rule=draw(st.one_of(st.none(), st.sampled_from(["hedge", "tune", "reprobe", "fast-fallback"]))),
     ).to_status()
 
 

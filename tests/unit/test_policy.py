@@ -529,16 +529,20 @@ def test_the_fast_fallback_does_not_restart_on_a_capacity_difference_the_model_c
 
 
 def test_history_round_trips_through_status():
-    entry = HistoryEntry(NOW, Action.DISABLE, 3, None, "alpha 0.2 < floor", True, 0.2, 1.1)
+    entry = HistoryEntry(NOW, Action.DISABLE, 3, None, "alpha 0.2 < floor", True, 0.2, 1.1, rule="floor")
     wire = entry.to_status()
-    assert wire["fromK"] == 3 and "toK" not in wire and wire["action"] == "disable"
+    assert wire["fromK"] == 3 and "toK" not in wire and wire["action"] == "disable" and wire["rule"] == "floor"
     assert memory.history_from_status([wire]) == (entry,)
+    # A record written before the rule was kept reads back without one.
+    del wire["rule"]
+    assert memory.history_from_status([wire])[0].rule is None
 
 
 def test_decision_history_entry_records_what_was_left():
     decision = rules.decide(auto(), on(3), both(COLLAPSED, 3), (), NOW)
     entry = history_entry(decision, NOW, on(3))
     assert entry.from_k == 3 and entry.to_k is None and entry.alpha == pytest.approx(0.2, abs=0.01)
+    assert entry.rule == decision.rule == "collapse"
     assert entry.step_scale == pytest.approx(1.0, abs=0.05)
     hold = rules.decide(auto(), on(3), both(LOW, 3), (), NOW)
     assert history_entry(hold, NOW, on(3)) is None

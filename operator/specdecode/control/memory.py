@@ -99,6 +99,9 @@ class HistoryEntry:
     """Per-batch-size K schedule left (its label), None for plain K."""
     to_schedule: str | None = None
     """Per-batch-size K schedule chosen (its label), None for plain K."""
+    rule: str | None = None
+    """The rule that decided (`decision.Rule`'s value); None for a start-up failure's fallback
+    and for records written before it was kept."""
 
     @property
     def from_config(self) -> int:
@@ -127,6 +130,8 @@ class HistoryEntry:
             out["fromSchedule"] = self.from_schedule
         if self.to_schedule is not None:
             out["toSchedule"] = self.to_schedule
+        if self.rule is not None:
+            out["rule"] = self.rule
         return out
 
     @classmethod
@@ -144,6 +149,7 @@ class HistoryEntry:
             step_scale=record.get("stepScale"),
             from_schedule=record.get("fromSchedule"),
             to_schedule=record.get("toSchedule"),
+            rule=record.get("rule"),
         )
 
 
@@ -241,6 +247,7 @@ def history_entry(decision: "Decision", now: float, state: "ControlState") -> Hi
         step_scale=stored(decision.step_scale),
         from_schedule=state.schedule.label if state.schedule is not None else None,
         to_schedule=decision.schedule.label if decision.schedule is not None else None,
+        rule=str(decision.rule),
     )
 
 
