@@ -1135,6 +1135,38 @@ def test_a_reprobe_at_night_takes_a_draft_that_carries_the_days_peak(peak):
         assert "reached 38.4 req/s within the last day" in decision.reason and "staying off" in decision.reason
 
 
+@pytest.mark.parametrize("left_by", ["hedge", "fast-fallback", None])
+def test_a_reprobe_after_the_hedge_caught_the_days_rise_does_not_wait_for_that_peak(left_by):
+    """maxSurge 0, the night after a peak of 38.4 req/s that no draft carries (as above). When
+    speculation went off by the capacity hedge, the rise to that peak passed through the
+    hedge's zone in time: K=3 is re-probed, as a hedge from it would qualify again (off
+    carries 15 % more). After a fast fallback (or a record without its rule) nothing shows
+    the rise can be caught: staying off."""
+    state = replace(off(since=NOW - 4000), recent_peak_rate=38.4)
+    history = (HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "left K=3", True, 0.85, 1.0, rule=left_by),)
+    decision = rules.decide(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), state, both(NIGHT, OFF), history, NOW)
+    if left_by == "hedge":
+        assert decision.action is Action.ENABLE and decision.rule == "reprobe" and decision.k == 3
+        assert "the load's last rise was hedged in time (from K=3 to off)" in decision.reason
+        assert "off carries 42.2 req/s, K=3 36.8" in decision.reason
+    else:
+        assert decision.action is Action.HOLD and not decision.enabled
+        assert "reached 38.4 req/s within the last day" in decision.reason and "staying off" in decision.reason
+
+
+def test_after_a_hedge_a_reprobe_passes_over_a_draft_no_hedge_would_leave():
+    """At acceptance 0.95 K=5 is the fastest at night but carries 38.8 req/s of the day's 40,
+    and speculation off only 9 % more: no hedge would leave K=5 as the load rises again (it
+    needs 10 %), so K=5 would meet the peak overloaded. K=6 carries less, but off carries 10 %
+    more than it: the hedge would catch it, and the re-probe takes it."""
+    state = replace(off(since=NOW - 4000), recent_peak_rate=40.0)
+    history = (HistoryEntry(NOW - 4000, Action.DISABLE, 3, None, "hedge", True, 0.95, 1.0, rule="hedge"),)
+    calm = both(Workload(4, 1000, 300, 0, 0.95), OFF)
+    decision = rules.decide(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), state, calm, history, NOW)
+    assert decision.action is Action.ENABLE and decision.k == 6
+    assert "not K=5: it carries 38.8 req/s" in decision.reason and "a hedge from K=6 would be too" in decision.reason
+
+
 @pytest.mark.parametrize("measured", [0.45, 0.85])
 def test_a_reprobe_judges_the_days_peak_at_the_acceptance_it_measured_not_the_one_it_assumes(measured):
     """Speculation off at night after K=1 ran at a measured acceptance of 0.45: the re-probe

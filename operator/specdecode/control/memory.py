@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence, TYPE_CHECKING
 
 from specdecode import timestamps
-from specdecode.control.decision import Action
+from specdecode.control.decision import Action, Rule
 from specdecode.control.experiments import Purpose
 from specdecode.control.settings import PolicyTuning
 from specdecode.control.metrics import Observation
@@ -175,6 +175,10 @@ class Memory:
     off_per_on: float | None = None
     """Speculation off's step scale over speculation on's, measured side by side on the same
     traffic by the newest canary experiment that ran one against the other (`off_per_on`)."""
+    hedged_from: int | None = None
+    """The config a capacity hedge left for speculation off, when that was the last change and
+    speculation is still off: the load's last rise to its peak was seen in the hedge's zone
+    while a restart was still affordable (`rules._hedge_would_catch`)."""
 
 
 def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float) -> Memory:
@@ -202,8 +206,11 @@ def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float)
         (e.step_scale for e in reversed(applied) if e.step_scale is not None and e.from_config != OFF),
         None,
     )
+    hedged = (last is not None and not state.enabled and last.rule == Rule.HEDGE
+              and last.from_config != OFF and last.to_config == OFF)
     return Memory(
         off_per_on=off_per_on(state.experiments),
+        hedged_from=last.from_config if hedged and last is not None else None,
         last_change_at=last_change,
         changes_last_hour=recent,
         in_probe=in_probe,

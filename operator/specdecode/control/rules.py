@@ -60,7 +60,13 @@ Order of the rules (the first that applies decides):
    best K for a slightly lower acceptance (conservative). With maxSurge 0 a probe also waits
    while the load is above ``restart_max_rollout_load`` of what the replicas left serving
    during a rollout carry (a failed probe costs two restarts), and while the probed K would
-   be locked in (the hedge's release, below).
+   be locked in (the hedge's release, below). It takes a draft that carries the peak of
+   about the last day (status.observations.recentPeakRequestRate), or stays off when none
+   that pays does: should the peak come back, a restart would overload the replicas left
+   serving. Unless speculation went off by the capacity hedge (rule 8; status.history's
+   rule `hedge`) and a hedge from the probed K would qualify too: the load's rise to that
+   peak passed through the hedge's zone in time, and should it rise the same way again the
+   hedge moves away again, after a calm with speculation on.
 8. Capacity hedge (maxSurge 0, two replicas or more): a rollout serves on the replicas left;
    once the load passes what they carry, every restart is an overload and the running config
    is locked in. When the load (the long window at its lower confidence bound, and the short
@@ -146,7 +152,7 @@ from specdecode.control.estimates import (
 from specdecode.control.explain import (
     describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, shut_way_out, summary,
 )
-from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, overloading_rollout
+from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, hedge_outlook, overloading_rollout
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, bounded
@@ -834,12 +840,18 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     # had queued at; promoted at the calm, it met the next peak with 232).
     peak_alpha = conservative if remembered is None else min(conservative, remembered)
     peak_preds = probe_preds if peak_alpha == conservative else predict(calibration, est, ks, OFF, s, alpha=peak_alpha)
-    unserved, passed_over = _peak_unserved(ctx, calibration, est, peak_preds, probe_k, peak_alpha), ""
+
+    def unserved_by(k: int) -> str | None:
+        why = _peak_unserved(ctx, calibration, est, peak_preds, k, peak_alpha)
+        if why is not None and _hedge_would_catch(ctx, calibration, est, k, peak_alpha) is not None:
+            return None
+        return why
+
+    unserved, passed_over = unserved_by(probe_k), ""
     if unserved is not None:
         carrying = [
             k for k in ks
-            if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain)
-            and _peak_unserved(ctx, calibration, est, peak_preds, k, peak_alpha) is None
+            if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain) and unserved_by(k) is None
         ]
         if not carrying:
             return replace(_make(
@@ -874,9 +886,12 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         source = f"remembered alpha {remembered:.2f}"
     else:
         source = f"assumed alpha {alpha:.2f}"
+    caught = ""
+    if _peak_unserved(ctx, calibration, est, peak_preds, probe_k, peak_alpha) is not None:
+        caught = f"; {_hedge_would_catch(ctx, calibration, est, probe_k, peak_alpha)}"
     reason = (
         f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
-        f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s{passed_over}"
+        f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s{passed_over}{caught}"
     )
     return _change(ctx, probe_k, Rule.REPROBE, reason, preds, flags, est, scale, guard=False, alpha=alpha)
 
@@ -972,6 +987,34 @@ def _peak_unserved(
         f"it carries {carries:.1f} req/s{margin} and the load reached {peak:.1f} req/s within the "
         f"last day: should it come back, a restart would load the replicas left serving to "
         f"{peak / rollout:.0%} of the {rollout:.1f} req/s they carry"
+    )
+
+
+def _hedge_would_catch(
+    ctx: _Context, calibration: Calibration, est: Estimate, k: int, alpha: float | None = None
+) -> str | None:
+    """Why the last day's peak need not keep speculation off for ``k``, or None. Speculation
+    went off by a capacity hedge (`Memory.hedged_from`): the load's rise to that peak passed
+    through the hedge's zone while a restart was still affordable, and a hedge from ``k``
+    to speculation off qualifies (off carries ``hedge_min_capacity_gain`` more, and is
+    ``hedge_min_benefit`` faster once the load passes ``k``'s capacity). Should the load rise
+    the same way again, the hedge moves away from ``k`` as it did before, and speculation pays
+    at the calm in between. (In `diurnal-load` speculation stayed off through the evening's
+    calm because K=2 carries 37 of the 42 req/s the day reached; re-probed, K=2 measured 30 %
+    faster per token there. The oracle re-enables it too.) Only the hedge counts: speculation
+    turned off by a fallback or a guard says the rise was not caught in time, and a draft that
+    carries about as much as speculation off qualifies for no hedge and would meet the peak
+    overloaded."""
+    hedged = ctx.memory.hedged_from
+    if hedged is None:
+        return None
+    outlook = hedge_outlook(calibration, est, k, OFF, ctx.settings, alpha=alpha)
+    if outlook is None or outlook.benefit < ctx.tuning.hedge_min_benefit:
+        return None
+    return (
+        f"the load's last rise was hedged in time (from {label(hedged)} to off), and a hedge from "
+        f"{label(k)} would be too (off carries {config_capacity(calibration, est, OFF, calibration.on.replicas, alpha):.1f} "
+        f"req/s, {label(k)} {config_capacity(calibration, est, k, calibration.on.replicas, alpha):.1f})"
     )
 
 
