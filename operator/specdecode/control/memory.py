@@ -210,7 +210,7 @@ def remember(history: Sequence[HistoryEntry], state: "ControlState", now: float)
               and last.from_config != OFF and last.to_config == OFF)
     return Memory(
         off_per_on=off_per_on(state.experiments),
-        hedged_from=last.from_config if hedged and last is not None else None,
+        hedged_from=last.from_config if hedged else None,
         last_change_at=last_change,
         changes_last_hour=recent,
         in_probe=in_probe,

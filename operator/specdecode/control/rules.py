@@ -841,17 +841,18 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     peak_alpha = conservative if remembered is None else min(conservative, remembered)
     peak_preds = probe_preds if peak_alpha == conservative else predict(calibration, est, ks, OFF, s, alpha=peak_alpha)
 
-    def unserved_by(k: int) -> str | None:
+    def peak_check(k: int) -> tuple[str | None, str]:
+        """(why ``k`` would leave the last day's peak unserved, or None; the reason's note when
+        the capacity hedge waives it, else "")."""
         why = _peak_unserved(ctx, calibration, est, peak_preds, k, peak_alpha)
-        if why is not None and _hedge_would_catch(ctx, calibration, est, k, peak_alpha) is not None:
-            return None
-        return why
+        caught = _hedge_would_catch(ctx, calibration, est, k, peak_alpha) if why is not None else None
+        return (why, "") if caught is None else (None, f"; {caught}")
 
-    unserved, passed_over = unserved_by(probe_k), ""
+    (unserved, caught), passed_over = peak_check(probe_k), ""
     if unserved is not None:
         carrying = [
             k for k in ks
-            if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain) and unserved_by(k) is None
+            if preds[k].score >= preds[OFF].score * (1 + s.tuning.min_gain) and peak_check(k)[0] is None
         ]
         if not carrying:
             return replace(_make(
@@ -862,6 +863,7 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             ), peak_probe_alpha=peak_alpha)
         passed_over = f"; not {label(probe_k)}: {unserved}"
         probe_k = max(carrying, key=lambda k: (probe_preds[k].score, -k))
+        caught = peak_check(probe_k)[1]
     _, high = _window_rates(ctx, est)
     rollout_capacity = overloading_rollout(calibration, est, (OFF, probe_k), s, high, alpha)
     if rollout_capacity is not None:
@@ -886,9 +888,6 @@ def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         source = f"remembered alpha {remembered:.2f}"
     else:
         source = f"assumed alpha {alpha:.2f}"
-    caught = ""
-    if _peak_unserved(ctx, calibration, est, peak_preds, probe_k, peak_alpha) is not None:
-        caught = f"; {_hedge_would_catch(ctx, calibration, est, probe_k, peak_alpha)}"
     reason = (
         f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} K={probe_k} is "
         f"predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s{passed_over}{caught}"
