@@ -118,6 +118,26 @@ def test_a_surge_past_the_crossover_and_back_under_a_schedule_makes_no_change():
     assert state.since == NOW - 7200
 
 
+def test_past_the_crossover_a_schedule_that_drafts_nothing_there_says_so_instead_of_missing_samples():
+    """At 36 req/s the replicas run batches past 64, where SCHEDULE drafts nothing: the
+    window has no drafted tokens by design. The hold says so (the range, the batch, when
+    acceptance is measured again), not only that samples are missing; below the crossover
+    (6 req/s) a window short of drafts is just short of them."""
+    settings = auto()
+    decision, _ = step(settings, under_schedule(), both(workload(36), SCHEDULE), NOW)
+    assert not decision.changes and decision.rule is Rule.SAMPLES, decision.reason
+    batch = perfmodel.steady_state(TRUTH, workload(36), SCHEDULE).batch
+    assert batch > 64
+    assert decision.reason.startswith("not enough samples in 5.0min: 0 drafted tokens < 2000 (schedule "
+                                      "1-64:K3,65+:off drafts nothing from batch 65 on, and the replicas run "
+                                      f"batches of {batch:.0f}: acceptance is measured again once the batch "
+                                      "falls below 65; the schedule holds)"), decision.reason
+    quiet = replace(observe(workload(6), SCHEDULE, 300), speculation=None)
+    decision, _ = step(settings, under_schedule(), PolicyObservations.of(quiet, observe(workload(6), SCHEDULE, 75)), NOW)
+    assert decision.rule is Rule.SAMPLES and decision.reason == (
+        "not enough samples in 5.0min: 0 drafted tokens < 2000"), decision.reason
+
+
 TWO_KS = Schedule(((1, 16, 4), (17, 1024, 2)))
 """Drafts of two lengths: vLLM counts accepted tokens per position, not drafted ones, so past
 position 0 a position's trials are unknown once the batch runs in both ranges."""

@@ -439,11 +439,16 @@ class Schedule:
 
     def k_at(self, batch: float) -> int:
         """K of a step at this running batch size (rounded; the last range extends on)."""
+        return self.band_at(batch)[2]
+
+    def band_at(self, batch: float) -> tuple[int, int, int]:
+        """The (start, end, K) range of this running batch size (rounded; the last range
+        extends on)."""
         size = max(1, int(round(batch)))
-        for start, end, k in self.bands:
-            if size <= end:
-                return k
-        return self.bands[-1][2]
+        for band in self.bands:
+            if size <= band[1]:
+                return band
+        return self.bands[-1]
 
     @property
     def label(self) -> str:

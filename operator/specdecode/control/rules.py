@@ -488,7 +488,7 @@ def _samples_hold(
     if est.requests < min_requests:
         missing.append(f"{est.requests:.0f} requests < {min_requests:.0f}")
     if ctx.state.enabled and est.draft_tokens < min_drafts:
-        missing.append(f"{est.draft_tokens:.0f} drafted tokens < {min_drafts:.0f}")
+        missing.append(f"{est.draft_tokens:.0f} drafted tokens < {min_drafts:.0f}{_undrafted_note(ctx, est)}")
     if ctx.state.enabled and est.alpha is None and est.draft_tokens >= min_drafts:
         missing.append("no per-position acceptance series")
     if not missing:
@@ -498,6 +498,20 @@ def _samples_hold(
         f"not enough samples in {fmt_s(est.window_s)}: {', '.join(missing)}",
         metrics=flags,
     )
+
+
+def _undrafted_note(ctx: _Context, est: Estimate) -> str:
+    """Why a schedule in effect drafted too little to measure, when its range of the running
+    batch is K 0: the engine stops drafting there by design (the load is past the crossover),
+    and the acceptance measured below it is all there is until the batch falls back."""
+    schedule, batch = ctx.state.schedule, est.batch_per_replica
+    if schedule is None or batch is None:
+        return ""
+    start, _, k = schedule.band_at(batch)
+    if k != OFF:
+        return ""
+    return (f" (schedule {schedule.label} drafts nothing from batch {start} on, and the replicas run batches of "
+            f"{batch:.0f}: acceptance is measured again once the batch falls below {start}; the schedule holds)")
 
 
 def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]:
