@@ -121,7 +121,7 @@ def test_recommend_computes_but_never_applies():
 def test_recommend_ignores_cooldown_and_budget():
     history = tuple(HistoryEntry(NOW - 60 * i, Action.SET_K, 2, 3) for i in range(1, 5))
     decision = rules.decide(auto(mode=Mode.RECOMMEND), on(8), both(LOW, 8), history, NOW)
-    assert decision.action is Action.SET_K and decision.k == 3 and not decision.applied
+    assert decision.action is Action.SET_K and decision.k == 2 and not decision.applied
 
 
 def test_auto_applies():
@@ -342,9 +342,10 @@ def test_slo_guard_holds_when_overload_is_the_cause():
 
 
 def test_too_high_k_is_lowered():
+    # K=3 is predicted best and K=2 within 5 % of it: the move takes the shorter draft.
     decision = rules.decide(auto(), on(8), both(LOW, 8), (), NOW)
-    assert decision.action is Action.SET_K and decision.k == 3 and decision.rule == "tune"
-    assert "predicted K=3" in decision.reason
+    assert decision.action is Action.SET_K and decision.k == 2 and decision.rule == "tune"
+    assert "predicted K=2" in decision.reason and "is within 5% of K=2" in decision.reason and "; K=3 (" in decision.reason
 
 
 def test_hysteresis_keeps_a_near_best_config():
@@ -1047,6 +1048,24 @@ def test_a_longer_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
     assert "K=8" in decision.reason and "shorter draft loses less if acceptance falls" in decision.reason
 
 
+def test_a_shorter_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
+    """An EAGLE head at acceptance 0.4, 6 req/s, K=3: K=2 is predicted best, 6 % ahead of
+    K=3, and K=1 within half a percent of it. The move takes K=1, which carries more of a
+    rise in load (and loses less should acceptance fall), and says so. (Generated
+    `gen-8-19-swing-x2` moved to K=2 at the calm and fell back to off at a peak that K=1
+    carries.)"""
+    eagle = EngineParams.for_method("eagle3")
+    settings = auto(method="eagle3", slo_e2e_s=60.0, slo_tpot_s=0.05)
+    decision = rules.decide(settings, on(3), both(Workload(6, 300, 800, 0, 0.4), 3, params=eagle), (), NOW)
+    predicted = {p.k: p for p in decision.predictions}
+    assert max(predicted, key=lambda k: predicted[k].score) == 2
+    assert predicted[1].score * 1.05 >= predicted[2].score >= predicted[3].score * 1.05
+    assert predicted[1].capacity_rps > predicted[2].capacity_rps
+    assert decision.action is Action.SET_K and decision.k == 1 and decision.rule == "tune", decision.reason
+    assert ("K=2 (1.07x) is within 5% of K=1, and the shorter draft loses less if acceptance falls or the load "
+            "rises") in decision.reason
+
+
 @pytest.mark.parametrize(
     "scores, current, expected",
     [
@@ -1056,9 +1075,15 @@ def test_a_longer_draft_is_the_shortest_the_model_cannot_tell_from_the_best():
         ({3: 0.92, 4: 0.95, 5: 0.965, 6: 0.975, 8: 1.0}, 3, 6),
         # A clear best: nothing within the hysteresis.
         ({3: 0.7, 4: 0.8, 5: 0.9, 6: 1.0}, 3, 6),
-        # A move to a shorter draft keeps the best (K=4 is within 5 % of K=3 but longer).
+        # A move to a shorter draft keeps the best when nothing shorter is near it (K=4 is
+        # within 5 % of K=3 but longer), and speculation off as the best.
         ({3: 1.0, 4: 0.97, 8: 0.6}, 8, 3),
         ({OFF: 1.0, 1: 0.97, 3: 0.5}, 3, OFF),
+        # A move to a shorter draft takes the shortest within 5 % of the best that beats the
+        # current config at all (K=1, not K=2), never off.
+        ({OFF: 0.97, 1: 0.99, 2: 1.0, 3: 0.945}, 3, 1),
+        # ... but not one slower than the current config.
+        ({1: 0.96, 2: 1.0, 3: 0.97}, 3, 2),
     ],
 )
 def test_shortest_near_best(scores, current, expected):

@@ -90,7 +90,10 @@ Order of the rules (the first that applies decides):
    acceptance floor its way out: should acceptance fall to the floor, the replicas left
    serving during a rollout to off must carry today's load at ``restart_max_rollout_load``
    (else the floor waits, rule 6, and the service keeps its longest draft exactly while it
-   loses most); the longest draft that does is the choice.
+   loses most); the longest draft that does is the choice. Among configs the model cannot
+   tell from the best (within the hysteresis) the move takes the shortest draft that beats
+   the current config, by the hysteresis when it is longer (`shortest_near_best`): a longer
+   draft bets on acceptance staying, and a shorter one carries more of a load rise.
    Inside the hysteresis one move still goes ahead: readiness for the last day's peak
    (maxSurge 0). When the running config carries less than the peak of about the last day
    (status.observations.recentPeakRequestRate), a restart at that load would overload the
@@ -1239,7 +1242,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         reason += f"; not {locked}"
     if best != longest:
         reason += (f"; {label(longest)} ({fmt_x(preds[longest].speedup)}) is within {t.min_gain:.0%} of "
-                   f"{label(best)}, and the shorter draft loses less if acceptance falls")
+                   f"{label(best)}, and the shorter draft loses less if acceptance falls or the load rises")
     return _change(ctx, best, Rule.TUNE, reason, preds, flags, est, scale, guard=False)
 
 
@@ -1247,19 +1250,32 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
 
 
 def shortest_near_best(scores: Mapping[int, float], best: int, current: int, tolerance: float) -> int:
-    """For a move to a longer draft (``best`` > ``current``): the shortest draft longer than
-    ``current`` that the model cannot tell from ``best`` (predicted within ``tolerance``, the
-    tuning hysteresis) and that still beats ``current`` by it; ``best`` otherwise.
+    """The shortest draft the model cannot tell from ``best`` (predicted within
+    ``tolerance``, the tuning hysteresis) on the way of a move from ``current``; ``best``
+    when there is none.
 
     Predictions closer than the hysteresis are not trusted apart, but they are not alike in
     risk. A longer draft is a bet that acceptance stays where it was measured: every step
     drafts and verifies K tokens and only the accepted ones pay, so the K that wins by a hair
     at today's acceptance loses the most when acceptance falls, and the service runs whatever
     it moved to for as long as a restart is unaffordable (n-gram at acceptance 0.7 predicts
-    K=8 2-3 % above K=6; at 0.14 K=8 is 13 % slower than K=6 and 33 % slower than K=3). A
-    move to a shorter draft carries no such bet: it keeps ``best``."""
-    if best == OFF or best <= current or current == OFF:
+    K=8 2-3 % above K=6; at 0.14 K=8 is 13 % slower than K=6 and 33 % slower than K=3). It is
+    also a bet that the load stays: a shorter draft carries more past the crossover.
+
+    - A move to a longer draft (``best`` > ``current``): the shortest draft longer than
+      ``current`` that still beats it by the hysteresis (it is the bet the move makes).
+    - A move to a shorter draft: the shortest draft (not speculation off, which is a move of
+      its own) that beats ``current`` at all; the move is made for ``best``'s gain, and the
+      shorter draft takes less of both bets. (Generated `gen-8-19-swing-x2`, seed 8: an EAGLE
+      head at acceptance 0.33 moved from K=3 to K=2, 1.05x at the calm as K=1 was, and fell
+      back to off at the first peak, past 200 req/s, where K=1 carries both peaks with no
+      restart: 0.28, and 0.68 with K=1.)"""
+    if best == OFF or best == current or current == OFF:
         return best
+    if best < current:
+        shorter = [k for k in scores if OFF < k < best and scores[k] >= scores[best] / (1.0 + tolerance)
+                   and scores[k] > scores.get(current, 0.0)]
+        return min(shorter, default=best)
     bar = max(scores[best] / (1.0 + tolerance), scores.get(current, 0.0) * (1.0 + tolerance))
     longer = [k for k in scores if current < k < best and scores[k] >= bar]
     return min(longer, default=best)
