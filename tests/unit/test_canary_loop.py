@@ -687,3 +687,15 @@ def test_readiness_for_the_days_peak_applies_at_once_not_on_a_canary():
     assert decision.rule is Rule.PEAK_READINESS and decision.action is Action.DISABLE and decision.applied
     assert decision.reason.startswith("ready for the peak: K=1 carries")
     assert after.experiments == () and not after.enabled
+
+
+def test_after_the_shorter_drafts_canary_finds_no_gain_the_models_favourite_is_tried():
+    """From K=8 the model prefers K=3 and K=2 within 2 %: the move tries the shorter draft
+    first (`rules.shortest_near_best`). Its canary measures no difference worth a rollout; while
+    K=2 backs off, the next canary tries K=3, the model's favourite, instead of holding K=8
+    until K=2 may run again."""
+    results, status = drive(SPEC, live_status(SPEC, 8), 60, factor=1.0)
+    started = [rec.candidate for _, r in results for rec in r.experiments_started]
+    ended = [rec.verdict for _, r in results for rec in r.experiments_ended]
+    assert started[:2] == ["draft_model K=2", "draft_model K=3"], started
+    assert ended[:1] == ["AbortNoGain"], ended

@@ -47,7 +47,7 @@ from specdecode.control.explain import fmt_s
 from specdecode.control.hedge import serving_in_rollout
 from specdecode.control.memory import off_per_on, stored
 from specdecode.control.metrics import Observation
-from specdecode.control.perfmodel import OFF, Schedule
+from specdecode.control.perfmodel import OFF, Config, Schedule
 from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState
 
@@ -372,15 +372,21 @@ def _start(
     return _experiment_hold(decision, state, reason, wanted), replace(state, experiments=experiments)
 
 
-def schedule_backing_off(settings: PolicySettings, state: ControlState, schedule: Schedule, at: float) -> Optional[str]:
-    """Why ``schedule`` may not run on a canary now (None: it may, or no canary runs here): it
-    lost lately and its back-off is not over. The schedules path then offers none, and the
-    rules' own decision stands (a schedule held back would hold their moves behind it)."""
+def backing_off(settings: PolicySettings, state: ControlState, config: Config, at: float) -> Optional[str]:
+    """Why ``config`` (a plain K or a schedule) may not run on a canary now (None: it may, or
+    no canary runs here): it lost lately and its back-off is not over. The schedules path then
+    offers none, and the rules' own decision stands (a schedule held back would hold their
+    moves behind it); the tuning rule moves to the model's favourite instead of a shorter
+    draft whose canary found no gain (`rules.shortest_near_best`)."""
     policy = settings.experiments
-    if policy is None or not policy.runs or all(x.candidate_schedule is None for x in state.experiments):
-        return None  # no schedule ran on a canary: nothing to back off from (and no hash to compute)
-    rendered = rendered_schedule(schedule.label, policy.spec)
-    lost = _lost_lately(settings, state, policy.config_hash(rendered.max_k, rendered), float(math.floor(at)))
+    if policy is None or not policy.runs or not state.experiments:
+        return None  # no canary ran: nothing to back off from (and no hash to compute)
+    if isinstance(config, Schedule):
+        rendered = rendered_schedule(config.label, policy.spec)
+        candidate_hash = policy.config_hash(rendered.max_k, rendered)
+    else:
+        candidate_hash = policy.config_hash(config if config != OFF else None, None)
+    lost = _lost_lately(settings, state, candidate_hash, float(math.floor(at)))
     return None if lost is None else _lost_text(*lost, float(math.floor(at)))
 
 

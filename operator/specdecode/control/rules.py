@@ -93,7 +93,9 @@ Order of the rules (the first that applies decides):
    loses most); the longest draft that does is the choice. Among configs the model cannot
    tell from the best (within the hysteresis) the move takes the shortest draft that beats
    the current config, by the hysteresis when it is longer (`shortest_near_best`): a longer
-   draft bets on acceptance staying, and a shorter one carries more of a load rise.
+   draft bets on acceptance staying, and a shorter one carries more of a load rise. While
+   a canary of that shorter draft found no gain lately (it backs off), the move takes the
+   model's favourite.
    Inside the hysteresis one move still goes ahead: readiness for the last day's peak
    (maxSurge 0). When the running config carries less than the peak of about the last day
    (status.observations.recentPeakRequestRate), a restart at that load would overload the
@@ -144,7 +146,7 @@ from typing import Callable, Mapping, Sequence
 
 from specdecode import constants
 from specdecode.api import AutotuneMode
-from specdecode.control.canary import canary_starting, promoted_lately
+from specdecode.control.canary import backing_off, canary_starting, promoted_lately
 from specdecode.control.decision import (
     FLOOR_RULES, Action, Condition, ConfigPrediction, Decision, Held, Rule,
 )
@@ -1187,7 +1189,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             break
     scores = {k: p.score for k, p in preds.items()}
     longest, shorter = best, shortest_near_best(scores, best, current, t.min_gain)
-    if shorter != best and trapped(shorter) is None:
+    if shorter != best and trapped(shorter) is None and backing_off(ctx.settings, ctx.state, shorter, ctx.now) is None:
         best = shorter
     # What the model alone would have chosen, and why it is not the choice.
     untrapped = shortest_near_best(scores, wanted, current, t.min_gain)

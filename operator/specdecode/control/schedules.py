@@ -73,7 +73,7 @@ from typing import Any, Sequence
 
 from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
-from specdecode.control.canary import promotion_in_effect, schedule_backing_off
+from specdecode.control.canary import backing_off, promotion_in_effect
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
 from specdecode.control.experiments import Experiment, Verdict
@@ -404,9 +404,9 @@ def _maybe_adopt(
         if shut is not None:
             notes.append(f"{schedule.label}: {shut}")
             continue
-        backing_off = schedule_backing_off(settings, state, schedule, now)
-        if backing_off is not None:
-            notes.append(f"{schedule.label}: {backing_off}")
+        lost = backing_off(settings, state, schedule, now)
+        if lost is not None:
+            notes.append(f"{schedule.label}: {lost}")
             continue
         overload = None if instead else _overloading_restart(settings, params, est, schedule, state.k, rate)
         if overload is not None:
@@ -596,7 +596,7 @@ def _reprobe_schedule(
     carries = perfmodel.steady_state(params, at_peak, schedule).capacity_rps
     off, scheduled = perfmodel.steady_state(params, now_load, OFF), perfmodel.steady_state(params, now_load, schedule)
     gain = off.e2e_s / scheduled.e2e_s - 1.0 if not scheduled.saturated and not off.saturated else -math.inf
-    why = schedule_backing_off(settings, state, schedule, now)
+    why = backing_off(settings, state, schedule, now)
     if why is None and carries < peak:
         why = f"it carries {carries:.1f} req/s, short of the peak's {peak:.1f}"
     if why is None and gain < settings.tuning.min_gain:
