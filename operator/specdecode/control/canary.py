@@ -379,12 +379,18 @@ def backing_off(settings: PolicySettings, state: ControlState, config: Config, a
     moves behind it); the tuning rule moves to the model's favourite instead of a shorter
     draft whose canary found no gain (`rules.shortest_near_best`)."""
     policy = settings.experiments
-    if policy is None or not policy.runs or not state.experiments:
-        return None  # no canary ran: nothing to back off from (and no hash to compute)
+    if policy is None or not policy.runs:
+        return None
+    # No canary of its kind ran: nothing to back off from, and no hash to compute (this runs
+    # at every evaluation that weighs a schedule or a shorter draft).
     if isinstance(config, Schedule):
+        if all(x.candidate_schedule is None for x in state.experiments):
+            return None
         rendered = rendered_schedule(config.label, policy.spec)
         candidate_hash = policy.config_hash(rendered.max_k, rendered)
     else:
+        if not any(x.candidate_schedule is None and (x.candidate_k or OFF) == config for x in state.experiments):
+            return None
         candidate_hash = policy.config_hash(config if config != OFF else None, None)
     lost = _lost_lately(settings, state, candidate_hash, float(math.floor(at)))
     return None if lost is None else _lost_text(*lost, float(math.floor(at)))

@@ -1189,7 +1189,8 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             break
     scores = {k: p.score for k, p in preds.items()}
     longest, shorter = best, shortest_near_best(scores, best, current, t.min_gain)
-    if shorter != best and trapped(shorter) is None and backing_off(ctx.settings, ctx.state, shorter, ctx.now) is None:
+    if (shorter != best and trapped(shorter) is None
+            and backing_off(ctx.settings, ctx.state, shorter, ctx.now) is None):
         best = shorter
     # What the model alone would have chosen, and why it is not the choice.
     untrapped = shortest_near_best(scores, wanted, current, t.min_gain)
