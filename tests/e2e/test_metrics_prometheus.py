@@ -80,6 +80,7 @@ class FakeVLLMPod:
             self.itl_sum = 0.0
             self.generation = 0.0
             self.running = 0.0
+            self.waiting = 0.0
 
     def step(self, i: int) -> None:
         with self.lock:
@@ -99,6 +100,8 @@ class FakeVLLMPod:
             self.itl_sum += 0.15 + 0.01 * (i % 3)
             self.generation += 40 + 3 * (i % 7)
             self.running = float(i % 9)
+            # A queue that grows and drains by turns: the reader's delta() of it.
+            self.waiting = float((i * 5) % 23)
 
     def collect(self):
         with self.lock:
@@ -136,6 +139,9 @@ class FakeVLLMPod:
             running = GaugeMetricFamily("vllm:num_requests_running", "", labels=base)
             running.add_metric(ids, self.running)
             yield running
+            waiting = GaugeMetricFamily("vllm:num_requests_waiting", "", labels=base)
+            waiting.add_metric(ids, self.waiting)
+            yield waiting
 
 
 def serve(registry: CollectorRegistry, port: int, accepts: list[str], classic: bool) -> ThreadingHTTPServer:
@@ -317,6 +323,8 @@ def test_emulated_plan_matches_prometheus(stack, window_s):
             assert close(obs.e2e_p95_s, other.e2e_p95_s)
             assert close(obs.tpot_p95_s, other.tpot_p95_s)
             assert close(obs.step_time_mean_s, other.step_time_mean_s)
+            assert obs.queue_change is not None and close(obs.queue_change, other.queue_change)
+            assert close(obs.arrival_rate, other.arrival_rate)
             assert obs.pods == other.pods == 2
 
 

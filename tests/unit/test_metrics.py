@@ -383,6 +383,33 @@ class TestEmulatedPlan:
         assert obs.pods == 1
         assert obs.batch_per_pod == pytest.approx(320.0 / 60.0)
 
+    def test_past_capacity_the_arrivals_are_the_finished_requests_plus_the_queues_growth(self):
+        """Two replicas finish 1 request/s each (the counters above) while 3 arrive at each:
+        their waiting queues grow 2 a second. The finished rate is the capacity, not the load;
+        the arrivals are what a config must carry. A queue that drains takes its drain off."""
+        scope = QueryScope.of(60)
+        series = []
+        for pod in ("a", "b"):
+            series += pod_series(KEY, pod, self.TIMES, alpha=0.7, k=3, drafts_per_s=10)
+            base = {"namespace": KEY.namespace, SVC: KEY.service, HASH: KEY.config_hash, "pod": pod}
+            series.append(RawSeries({"__name__": N.WAITING, **base}, [(t, 2.0 * (t - 1000.0)) for t in self.TIMES]))
+        obs = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        assert obs.request_rate == pytest.approx(2.0)
+        assert obs.queue_change == pytest.approx(240.0)
+        assert obs.arrival_rate == pytest.approx(6.0)
+        assert obs.to_status()["arrivalRate"] == pytest.approx(6.0)
+        draining = [s if s.name != N.WAITING else RawSeries(s.labels, [(t, 500.0 - (t - 1000.0)) for t in self.TIMES])
+                    for s in series]
+        assert metrics.observe_series(scope, draining, at=1195.0)[KEY].arrival_rate == pytest.approx(0.0)
+
+    def test_without_queue_series_the_arrivals_are_the_finished_requests(self):
+        scope = QueryScope.of(60)
+        series = [s for s in pod_series(KEY, "a", self.TIMES, alpha=0.7, k=3, drafts_per_s=10) if s.name != N.RUNNING]
+        obs = metrics.observe_series(scope, series, at=1195.0)[KEY]
+        assert obs.queue_change is None
+        assert obs.arrival_rate == obs.request_rate == pytest.approx(1.0)
+        assert "arrivalRate" not in obs.to_status()
+
     @staticmethod
     def escaped(series: list[RawSeries]) -> list[RawSeries]:
         """The same series as Prometheus 2.x stores them from an OpenMetrics scrape."""

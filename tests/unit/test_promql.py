@@ -13,6 +13,7 @@ from specdecode.control.promql import (
     PROMETHEUS_2_LEGACY,
     PROMETHEUS_3,
     PromQLRules,
+    delta,
     extrapolated_change,
     histogram_quantile,
     increase,
@@ -113,6 +114,29 @@ class TestIncrease:
             samples.append((float(i), value))
         result = increase(samples, len(samples) - 1.0, float(len(samples) + 5))
         assert result is not None and result >= 0
+
+
+class TestDelta:
+    """``delta(gauge[W])``: how much a queue grew (or drained) over the window."""
+
+    def test_a_growing_queue_is_extrapolated_to_the_window(self):
+        samples = regular(2, 10, [100 + 50 * i for i in range(6)])
+        assert delta(samples, 60, 60) == pytest.approx(250 * (50 + 2 + 8) / 50)
+
+    def test_a_draining_queue_gives_a_negative_change(self):
+        # A counter would read the fall as a reset; a gauge simply fell.
+        samples = regular(0, 10, [500, 400, 300, 200, 100, 0])
+        assert delta(samples, 50, 50) == pytest.approx(-500)
+
+    def test_no_zero_cap_for_a_gauge(self):
+        # Extrapolating a rise of 10 per 10 s back 5 s from a value of 1 crosses zero: increase
+        # caps it there, delta does not.
+        samples = regular(10, 10, [1, 11, 21, 31])
+        assert delta(samples, 45, 40) == pytest.approx(30 * (30 + 5 + 5) / 30)
+        assert increase(samples, 45, 40) < delta(samples, 45, 40)
+
+    def test_fewer_than_two_samples_gives_nothing(self):
+        assert delta([(5.0, 3.0)], 10, 10) is None
 
 
 class TestHistogramQuantile:

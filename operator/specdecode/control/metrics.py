@@ -113,7 +113,7 @@ class QuerySpec:
     """One query of the plan, described structurally so that it can be rendered as PromQL
     and emulated on raw series alike.
 
-    ``function``: ``increase`` (counters), ``avg_over_time``, ``max_over_time``,
+    ``function``: ``increase`` (counters), ``delta`` (a gauge's change), ``avg_over_time``, ``max_over_time``,
     ``sum_over_time`` and ``count_over_time`` (gauges over the window), ``timestamp`` (time
     of the newest sample), ``value`` (the instant value).
     ``aggregation``: ``sum``, ``avg``, ``max`` or ``count`` across pods.
@@ -181,6 +181,12 @@ QUERY_SPECS: tuple[QuerySpec, ...] = (
     QuerySpec("running_sum", N.RUNNING, "sum_over_time", "sum"),
     QuerySpec("running_samples", N.RUNNING, "count_over_time", "sum"),
     QuerySpec("waiting", N.WAITING, "avg_over_time", "sum"),
+    # What the waiting queues and the running batches gained over the window: past capacity
+    # the finished requests are the capacity, not the load, and the rest of the load piles
+    # up here. Both: where the KV cache bounds the batch, preemptions move requests from the
+    # batch back to the queue, and the queue alone swung by 450 requests a window.
+    QuerySpec("waiting_change", N.WAITING, "delta", "sum"),
+    QuerySpec("running_change", N.RUNNING, "delta", "sum"),
     # The largest running batch of any one pod in the window: the top of the batch range a
     # per-batch-size K schedule must serve (`control.schedules`).
     QuerySpec("peak_running", N.RUNNING, "max_over_time", "max"),
@@ -386,6 +392,10 @@ class Observation:
     `e2e_p95_s` is (`confident_quantile`)."""
     tpot_buckets: tuple[tuple[float, float], ...] = ()
     """The same for time per output token."""
+    queue_change: float | None = None
+    """Requests the waiting queues and the running batches gained over the window
+    (``delta`` of both gauges, summed over the pods; negative while a backlog drains); None
+    unread."""
     requests_counted: bool = True
     """False when Prometheus held fewer than two samples of the request counter in the window
     (its scrapes resumed after a gap, or the pods' series began inside it): ``requests`` is
@@ -407,6 +417,15 @@ class Observation:
     def request_rate(self) -> float:
         """Finished requests per second over the window."""
         return self.requests / self.window_s
+
+    @property
+    def arrival_rate(self) -> float:
+        """Requests arriving per second over the window: the finished ones plus what the
+        queues and batches gained (`queue_change`). Past capacity the finished rate is the
+        capacity, and a policy that took it for the load would never see the overload."""
+        if self.queue_change is None:
+            return self.request_rate
+        return max(0.0, self.requests + self.queue_change) / self.window_s
 
     @property
     def idle(self) -> bool:
@@ -445,6 +464,7 @@ class Observation:
             "pods": pods,
             "requests": _round(self.requests, 1),
             "requestRate": _round(self.request_rate, 3),
+            "arrivalRate": _round(self.arrival_rate, 3) if self.queue_change is not None else None,
             "p95EndToEndSeconds": _round(self.e2e_p95_s, 4),
             "meanEndToEndSeconds": _round(self.e2e_mean_s, 4),
             "p95TimePerOutputTokenSeconds": _round(self.tpot_p95_s, 5),
@@ -656,6 +676,7 @@ def build_observations(
             generation_tps=per_second("generation_tokens"),
             prompt_tps=per_second("prompt_tokens"),
             peak_running=get("peak_running", key),
+            queue_change=_queue_change(get("waiting_change", key), get("running_change", key)),
             requests_counted=e2e_count is not None,
             e2e_buckets=e2e_histogram,
             tpot_buckets=tpot_histogram,
@@ -664,6 +685,11 @@ def build_observations(
             ),
         )
     return observations
+
+
+def _queue_change(waiting: float | None, running: float | None) -> float | None:
+    """Requests in the system gained over the window; None unless both gauges were read."""
+    return None if waiting is None or running is None else waiting + running
 
 
 def service_request_rate(observations: Iterable[Observation]) -> float | None:

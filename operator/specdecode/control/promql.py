@@ -12,7 +12,7 @@ Range selection
     ``metric[W]`` evaluated at time ``T`` selects the samples with ``T - W < t <= T``
     (left-open, Prometheus >= 3.0) or ``T - W <= t <= T`` (closed, Prometheus 2.x).
 
-``increase`` / ``rate`` (``extrapolatedRate``)
+``increase`` / ``rate`` / ``delta`` (``extrapolatedRate``)
     With the selected samples ``s_0 .. s_n`` (n >= 1; fewer gives no result):
 
     * ``delta = v_n - v_0``, plus ``v_{i-1}`` for every reset ``v_i < v_{i-1}`` (a counter
@@ -26,7 +26,9 @@ Range selection
       (PR 13725) the cap applies after the threshold rule; before, it applied first (the
       threshold was then compared with the capped value);
     * ``increase = delta * (sampled + to_start + to_end) / sampled`` and
-      ``rate = increase / W``.
+      ``rate = increase / W``;
+    * ``delta(gauge[W])`` is the same extrapolation without the resets and the cap (a gauge
+      may fall).
 
 ``histogram_quantile`` (classic buckets, ``bucketQuantile``)
     Sort by upper bound, require a ``+Inf`` bucket (else NaN), merge equal bounds, absorb
@@ -208,6 +210,16 @@ def rate(
     return extrapolated_change(selected, start, at, is_counter=True, is_rate=True, rules=rules)
 
 
+def delta(
+    samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules = PROMETHEUS_3
+) -> float | None:
+    """``delta(gauge[range_s])``: last minus first sample, extrapolated to the window as
+    ``increase`` is but with no counter resets and no zero cap; None when Prometheus gives nothing."""
+    selected = select_range(samples, at, range_s, rules)
+    start = (to_millis(at) - to_millis(range_s)) / 1000
+    return extrapolated_change(selected, start, at, is_counter=False, is_rate=False, rules=rules)
+
+
 def _over_time(
     samples: Sequence[Sample], at: float, range_s: float, rules: PromQLRules,
     reduce: Callable[[list[float]], float],
@@ -247,6 +259,7 @@ def max_over_time(
 
 RANGE_FUNCTIONS: dict[str, Callable[[Sequence[Sample], float, float, PromQLRules], float | None]] = {
     "increase": increase,
+    "delta": delta,
     "avg_over_time": avg_over_time,
     "max_over_time": max_over_time,
     "sum_over_time": sum_over_time,
