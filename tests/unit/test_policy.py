@@ -432,6 +432,22 @@ def test_high_load_turns_speculation_off():
     assert decision.action is Action.DISABLE
 
 
+@pytest.mark.parametrize("arriving, waiting, past", [
+    (10.0, 40.0, False), (10.8, 40.0, False), (11.5, 40.0, True), (13.0, 40.0, True), (8.0, 40.0, False),
+    (13.0, 0.0, False),
+])
+def test_past_capacity_is_requests_waiting_and_clearly_more_arriving_than_finishing(arriving, waiting, past):
+    """10 req/s finish. 8 % more arriving is within a window's Poisson swing, and a backlog
+    draining (8 arrive) is no overload: not past capacity. 10 % more and up with requests
+    waiting is. Without a queue a window's arrivals are only its batch's swing."""
+    window = observe(LOW, 3, 300)
+    window = replace(window, requests=10.0 * 300, queue_change=(arriving - 10.0) * 300, waiting=waiting)
+    assert window.arrival_rate == pytest.approx(arriving)
+    assert estimates.past_capacity(window, auto().tuning) is past
+    assert estimates.estimate(window, auto().tuning).request_rate == pytest.approx(10.0), "the load stays the finished rate"
+    assert not estimates.past_capacity(replace(window, queue_change=None), auto().tuning)
+
+
 # --- re-probe ------------------------------------------------------------------------------
 
 

@@ -345,9 +345,11 @@ def test_a_schedule_is_judged_beyond_the_cost_its_canary_measured():
     assert "beyond the 6.0% its canary measured" in decision.reason, decision.reason
 
 
-def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams) -> PolicyObservations:
+def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams,
+                queue_seen: bool = False) -> PolicyObservations:
     """What the reader reports of a service offered more than ``config`` serves: it finishes
-    its capacity, the rest queues (the window's mean queue: half of what it grew by)."""
+    its capacity, the rest queues (the window's mean queue: half of what it grew by;
+    ``queue_seen``: the reader read the queue's growth too)."""
     def saturated(window: float) -> Observation:
         state = perfmodel.steady_state(params, workload(offered), config)
         assert state.saturated, (offered, config)
@@ -355,7 +357,8 @@ def at_capacity(offered: float, config: perfmodel.Config, params: EngineParams) 
         finished = state.capacity_rps
         return replace(obs, requests=finished * window, generation_tps=finished * workload(offered).output_tokens,
                        prompt_tps=finished * workload(offered).prompt_tokens,
-                       waiting=(offered - finished) * window / 2)
+                       waiting=(offered - finished) * window / 2,
+                       queue_change=(offered - finished) * window if queue_seen else None)
     return PolicyObservations.of(saturated(300), saturated(75))
 
 
@@ -437,6 +440,45 @@ def test_a_queue_plain_k_could_not_serve_either_keeps_the_schedule():
     state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
     offered = 2.0 * perfmodel.capacity(TRUTH, workload(1), perfmodel.OFF)
     decision, after = step(settings, state, at_capacity(offered, SCHEDULE, TRUTH), NOW)
+    assert not decision.changes, decision.reason
+    assert after.schedule == SCHEDULE
+
+
+DRAFTS_EVERYWHERE = Schedule(((1, 32, 5), (33, 1024, 3)))
+"""A schedule chosen at the calm, before any peak: it drafts at every batch."""
+
+
+@pytest.mark.parametrize("queue_seen", [True, False])
+def test_a_schedule_past_its_capacity_at_a_peak_it_drafts_through_gives_way_to_the_move_to_off(queue_seen):
+    """Traced in a generated swing (n-gram on the H200's measured steps): a schedule promoted at
+    the calm drafted K=3 at every batch above 64, and the peak came at once: 108 req/s arrived,
+    86 finished, the queue grew by the rest for 90 minutes while the fast fallback to off was
+    held as the schedule's job. Past its capacity, with the queues' growth read, the schedule
+    does not follow the load: the rules' move to off applies and the schedule is not chosen
+    again. Its own queue alone (the reader without the growth) cannot tell a peak past every
+    config, and the move stays held as the schedule's job."""
+    settings = auto()
+    state = under_schedule(DRAFTS_EVERYWHERE, since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    offered = 0.97 * perfmodel.capacity(TRUTH, workload(1), perfmodel.OFF)
+    assert offered > 1.1 * perfmodel.capacity(TRUTH, workload(offered), DRAFTS_EVERYWHERE)
+    decision, after = step(settings, state, at_capacity(offered, DRAFTS_EVERYWHERE, TRUTH, queue_seen), NOW)
+    if queue_seen:
+        assert decision.changes and decision.rule is Rule.TUNE and decision.config == perfmodel.OFF, decision.reason
+        assert f"schedule {DRAFTS_EVERYWHERE.label} is past its capacity" in decision.reason, decision.reason
+        assert after.schedule is None and DRAFTS_EVERYWHERE.label in after.rejected_schedules
+        assert "left past its capacity" in (after.schedule_note or "")
+    else:
+        assert not decision.changes and decision.held is Held.SETTLED, decision.reason
+        assert after.schedule == DRAFTS_EVERYWHERE
+
+
+def test_a_schedule_that_drafts_nothing_at_a_peak_past_every_config_stays_whatever_the_queue():
+    """Past even speculation off's capacity, a schedule already off at the peak's batch has
+    nothing a restart would add: it stays, the queue read or not."""
+    settings = auto(max_surge=0, max_unavailable=1)
+    state = under_schedule(since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180, last_alpha=0.8)
+    offered = 2.0 * perfmodel.capacity(TRUTH, workload(1), perfmodel.OFF)
+    decision, after = step(settings, state, at_capacity(offered, SCHEDULE, TRUTH, queue_seen=True), NOW)
     assert not decision.changes, decision.reason
     assert after.schedule == SCHEDULE
 

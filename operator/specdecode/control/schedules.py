@@ -39,7 +39,11 @@ rules (`rules.decide`) have decided:
    replaced is speculation off, which a revert returns to.
 2. A schedule in effect: load swings are its job, so the rules' load-driven moves (tuning,
    hedge, SLO guard, fast fallback) are held; the acceptance floor and collapse (the user's
-   hard rule) and the bounds still act, and leave the schedule for plain K. For
+   hard rule) and the bounds still act, and leave the schedule for plain K. So do tuning,
+   the SLO guard and the fast fallback when the service is past its capacity at a batch the
+   schedule drafts more than their target (`_past_capacity`: more requests arrive than
+   finish, `estimates.past_capacity`): a schedule chosen before a peak may draft through it,
+   and the peak then finds it no better than a plain K; it is remembered as rejected. For
    ``CHECK_EVALUATIONS`` evaluations from the first full window after its warm-up, the
    rollout is checked: the measured engine time per output token against what the plain K
    it replaced measured before the rollout (`PlainBaseline`: full windows of that K, one per
@@ -75,7 +79,9 @@ from specdecode.api import AutotuneMode
 from specdecode.control import perfmodel
 from specdecode.control.canary import backing_off, promotion_in_effect
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
-from specdecode.control.estimates import Calibration, Estimate, estimate, scaled_params, step_scale, workload_of
+from specdecode.control.estimates import (
+    Calibration, Estimate, estimate, past_capacity, scaled_params, step_scale, workload_of,
+)
 from specdecode.control.experiments import Experiment, Verdict
 from specdecode.control.explain import shut_way_out
 from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
@@ -131,6 +137,9 @@ SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS
 """Rules whose hold means "the plain K is right": a schedule may then be proposed."""
 LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS})
 """Rules whose change follows the load: a schedule may be adopted instead."""
+PAST_CAPACITY_RULES = frozenset({Rule.TUNE, Rule.FAST_FALLBACK, Rule.SLO_GUARD})
+"""The rules' moves to less drafting as the load rises: under a schedule they act only when
+the service is past its capacity at a batch the schedule drafts more (`_past_capacity`)."""
 BATCH_MEMORY_S = 6 * 3600.0
 """Time constant of the batch range memory: a load swing of a day's peak is remembered
 through the hours until it comes back."""
@@ -707,6 +716,16 @@ def _under_schedule(
     assert schedule is not None
     if decision.changes and decision.rule in KEPT_RULES:
         return decision, ScheduleUpdate(note=f"left for plain K: {decision.rule.value}")
+    past = None
+    if decision.changes and decision.rule in PAST_CAPACITY_RULES:
+        past = _past_capacity(settings, observed, schedule, decision.config)
+    if past is not None:
+        return replace(
+            decision,
+            reason=(f"schedule {schedule.label} is past its capacity ({past}): it does not follow this "
+                    f"load, and {decision.rule.value} leaves it ({decision.reason}); not chosen again "
+                    f"for this spec")[:1024],
+        ), ScheduleUpdate(note=f"left past its capacity: {past}"[:512], rejected=schedule.label)
     if decision.changes:
         decision = replace(
             decision, action=Action.HOLD, enabled=True, k=state.k, applied=False,
@@ -855,6 +874,27 @@ def _plain_serves(
         return obs.batch_per_pod / (per_token * est.output_tokens), f"serves at this batch by what it {basis}"
     return (perfmodel.capacity(params, workload_of(est, alpha), plain_k) / max(1, params.replicas),
             "is predicted to serve")
+
+
+def _past_capacity(
+    settings: PolicySettings, observed: Any, schedule: Schedule, target: perfmodel.Config
+) -> str | None:
+    """What shows the replicas past their capacity while ``schedule`` drafts more at their
+    batch than ``target`` would (`estimates.past_capacity` on the long window and the guard
+    window, both with a queue), for a reason; None when they are not, when the windows cannot
+    say, or when the schedule drafts no more than the target there (a restart would add no
+    capacity)."""
+    if not getattr(observed, "available", False):
+        return None
+    windows = (observed.window, observed.guard)
+    if any(obs is None or not _queued(obs) or not past_capacity(obs, settings.tuning) for obs in windows):
+        return None
+    batch = observed.window.batch_per_pod
+    if batch is None or schedule.k_at(batch) <= perfmodel.config_max_k(target):
+        return None
+    obs = observed.window
+    return (f"{obs.arrival_rate:.1f} req/s arrive and {obs.request_rate:.1f} finish, "
+            f"{obs.waiting / obs.pods:.0f} requests waiting per replica")
 
 
 def _queued(obs: Observation) -> bool:

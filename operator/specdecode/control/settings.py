@@ -37,6 +37,10 @@ class PolicyTuning:
     margin (`rules._peak_unserved`): a canary at the calm measures it at the calm's batch only."""
     overdispersion: float = 4.0
     """Variance inflation of counts: tokens of a request, and requests, come in bursts."""
+    past_capacity_margin: float = 0.1
+    """Requests arriving this much above those finishing (`Observation.arrival_rate`), with a
+    queue, in both windows, show a schedule's replicas past their capacity
+    (`estimates.past_capacity`, `schedules._past_capacity`)."""
     payback_horizon_s: float = 3600.0
     """A change decided on the long window must repay its restart price within this time
     (the conditions of a full window are assumed to last about an hour)."""
