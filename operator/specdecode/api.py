@@ -1250,8 +1250,9 @@ class Observations(StatusModel):
     arrival_rate: Optional[float] = Field(
         None,
         description="Requests arriving per second, all replicas: the finished ones plus what the waiting "
-        "queues and running batches gained over the window. Above requestRate the replicas are past their "
-        "capacity; the policy predicts every config at this load.",
+        "queues and running batches gained over the window. With requests waiting and this 10% or more "
+        "above requestRate the replicas are past their capacity, and a per-batch-size schedule that drafts "
+        "at their batch gives way to the policy's move to less drafting.",
     )
     drafts: Optional[float] = Field(None, description="Drafts in the window (sample count).")
     acceptance_rate: Optional[float] = Field(None, description="Accepted / drafted tokens.")
@@ -1263,7 +1264,7 @@ class Observations(StatusModel):
     )
     recent_peak_request_rate: Optional[float] = Field(
         None,
-        description="Highest arriving requests per second (arrivalRate) of about the last day (a new peak at once; "
+        description="Highest finished requests per second of about the last day (a new peak at once; "
         "kept 26h after it was last seen, a load within 10% of it seeing it again; then falling to "
         "today's load over hours): where a rollout takes replicas away (rollout.maxSurge 0, or "
         "maxUnavailable >= 1), a move to a config that could not carry "

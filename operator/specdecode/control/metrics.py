@@ -113,9 +113,9 @@ class QuerySpec:
     """One query of the plan, described structurally so that it can be rendered as PromQL
     and emulated on raw series alike.
 
-    ``function``: ``increase`` (counters), ``delta`` (a gauge's change), ``avg_over_time``, ``max_over_time``,
-    ``sum_over_time`` and ``count_over_time`` (gauges over the window), ``timestamp`` (time
-    of the newest sample), ``value`` (the instant value).
+    ``function``: ``increase`` (counters), ``delta`` (a gauge's change), ``avg_over_time``,
+    ``max_over_time``, ``sum_over_time`` and ``count_over_time`` (gauges over the window),
+    ``timestamp`` (time of the newest sample), ``value`` (the instant value).
     ``aggregation``: ``sum``, ``avg``, ``max`` or ``count`` across pods.
 
     Each query matches the metric under both of its stored names (`spellings_of`) in one
@@ -422,7 +422,7 @@ class Observation:
     def arrival_rate(self) -> float:
         """Requests arriving per second over the window: the finished ones plus what the
         queues and batches gained (`queue_change`). Past capacity the finished rate is the
-        capacity, and a policy that took it for the load would never see the overload."""
+        capacity, and alone it never shows the overload (`estimates.past_capacity`)."""
         if self.queue_change is None:
             return self.request_rate
         return max(0.0, self.requests + self.queue_change) / self.window_s

@@ -887,7 +887,7 @@ def _past_capacity(
     if not getattr(observed, "available", False):
         return None
     windows = (observed.window, observed.guard)
-    if any(obs is None or not _queued(obs) or not past_capacity(obs, settings.tuning) for obs in windows):
+    if any(obs is None or not past_capacity(obs, settings.tuning) for obs in windows):
         return None
     batch = observed.window.batch_per_pod
     if batch is None or schedule.k_at(batch) <= perfmodel.config_max_k(target):
