@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specdecode import constants, timestamps
 from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode as Mode
-from specdecode.control import estimates, hedge, memory, rules
+from specdecode.control import estimates, hedge, memory, rules, schedules
 from specdecode.control import settings as control_settings
 from specdecode.control.decision import Action, ConfigPrediction, Held
 from specdecode.control.estimates import PolicyObservations
@@ -443,9 +443,9 @@ def test_past_capacity_is_requests_waiting_and_clearly_more_arriving_than_finish
     window = observe(LOW, 3, 300)
     window = replace(window, requests=10.0 * 300, queue_change=(arriving - 10.0) * 300, waiting=waiting)
     assert window.arrival_rate == pytest.approx(arriving)
-    assert estimates.past_capacity(window, auto().tuning) is past
+    assert schedules.past_capacity(window, auto().tuning) is past
     assert estimates.estimate(window, auto().tuning).request_rate == pytest.approx(10.0), "the load stays the finished rate"
-    assert not estimates.past_capacity(replace(window, queue_change=None), auto().tuning)
+    assert not schedules.past_capacity(replace(window, queue_change=None), auto().tuning)
 
 
 # --- re-probe ------------------------------------------------------------------------------

@@ -102,17 +102,6 @@ def binomial_stderr(p: float, trials: float, overdispersion: float) -> float:
     return math.sqrt(max(p * (1 - p), 1e-4) * overdispersion / max(trials, 1.0))
 
 
-def past_capacity(obs: Observation, tuning: PolicyTuning) -> bool:
-    """Requests wait (one or more a replica on average, as `schedules.BEHIND_QUEUE`) and more
-    arrive than finish, by ``past_capacity_margin``: what finishes is the replicas' capacity,
-    not the load. Without a queue a window's arrivals are only noisier than its finished
-    requests. The policy's load stays the finished rate: read as the load everywhere, the
-    arrivals lost on held-back scenarios (README, session 31)."""
-    if obs.queue_change is None or obs.waiting is None or obs.pods <= 0 or obs.waiting / obs.pods < 1.0:
-        return False
-    return obs.arrival_rate >= (1.0 + tuning.past_capacity_margin) * obs.request_rate
-
-
 def estimate(obs: Observation, tuning: PolicyTuning) -> Estimate:
     """Load, acceptance and their uncertainty from one observation window."""
     requests = obs.requests

@@ -422,7 +422,7 @@ class Observation:
     def arrival_rate(self) -> float:
         """Requests arriving per second over the window: the finished ones plus what the
         queues and batches gained (`queue_change`). Past capacity the finished rate is the
-        capacity, and alone it never shows the overload (`estimates.past_capacity`)."""
+        capacity, and alone it never shows the overload (`schedules.past_capacity`)."""
         if self.queue_change is None:
             return self.request_rate
         return max(0.0, self.requests + self.queue_change) / self.window_s

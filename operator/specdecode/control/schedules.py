@@ -42,7 +42,7 @@ rules (`rules.decide`) have decided:
    hard rule) and the bounds still act, and leave the schedule for plain K. So do tuning,
    the SLO guard and the fast fallback when the service is past its capacity at a batch the
    schedule drafts more than their target (`_past_capacity`: more requests arrive than
-   finish, `estimates.past_capacity`): a schedule chosen before a peak may draft through it,
+   finish, `past_capacity`): a schedule chosen before a peak may draft through it,
    and the peak then finds it no better than a plain K; it is remembered as rejected. For
    ``CHECK_EVALUATIONS`` evaluations from the first full window after its warm-up, the
    rollout is checked: the measured engine time per output token against what the plain K
@@ -80,7 +80,7 @@ from specdecode.control import perfmodel
 from specdecode.control.canary import backing_off, promotion_in_effect
 from specdecode.control.decision import CANARIED_RULES, FLOOR_RULES, Action, Decision, Held, Rule
 from specdecode.control.estimates import (
-    Calibration, Estimate, estimate, past_capacity, scaled_params, step_scale, workload_of,
+    Calibration, Estimate, estimate, scaled_params, step_scale, workload_of,
 )
 from specdecode.control.experiments import Experiment, Verdict
 from specdecode.control.explain import shut_way_out
@@ -89,7 +89,7 @@ from specdecode.control.memory import remember, stored
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.schedule_support import unsupported_reason
-from specdecode.control.settings import PolicySettings
+from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, PlainBaseline, PlainPoint, stored_batch, stored_point
 
 ADOPT_GAIN = 0.03
@@ -880,7 +880,7 @@ def _past_capacity(
     settings: PolicySettings, observed: Any, schedule: Schedule, target: perfmodel.Config
 ) -> str | None:
     """What shows the replicas past their capacity while ``schedule`` drafts more at their
-    batch than ``target`` would (`estimates.past_capacity` on the long window and the guard
+    batch than ``target`` would (`past_capacity` on the long window and the guard
     window, both with a queue), for a reason; None when they are not, when the windows cannot
     say, or when the schedule drafts no more than the target there (a restart would add no
     capacity)."""
@@ -895,6 +895,17 @@ def _past_capacity(
     obs = observed.window
     return (f"{obs.arrival_rate:.1f} req/s arrive and {obs.request_rate:.1f} finish, "
             f"{obs.waiting / obs.pods:.0f} requests waiting per replica")
+
+
+def past_capacity(obs: Observation, tuning: PolicyTuning) -> bool:
+    """Requests wait (`_queued`) and more arrive than finish, by ``past_capacity_margin``:
+    what finishes is the replicas' capacity, not the load. Without a queue a window's
+    arrivals are only noisier than its finished requests. The policy's load stays the
+    finished rate: read as the load everywhere, the arrivals lost on held-back scenarios
+    (README, session 31)."""
+    if obs.queue_change is None or not _queued(obs):
+        return False
+    return obs.arrival_rate >= (1.0 + tuning.past_capacity_margin) * obs.request_rate
 
 
 def _queued(obs: Observation) -> bool:
