@@ -472,6 +472,27 @@ def test_a_schedule_past_its_capacity_at_a_peak_it_drafts_through_gives_way_to_t
         assert after.schedule == DRAFTS_EVERYWHERE
 
 
+LONG_AT_THE_CALM = Schedule(((1, 32, 8), (33, 64, 6), (65, 1024, 3)))
+"""The shape a canary promoted in `gen-9-05-swing-x2`: long drafts at the calm, K=3 above 64."""
+
+
+def test_the_rules_price_a_schedule_as_it_runs_at_the_peak_not_as_its_largest_k():
+    """The rules name a schedule by its largest K. Priced as that K, the schedule drafting
+    K=3 at a peak's batch was modelled as K=8: its measured step, taken for K=8's, scaled
+    every config's step down, and the move it left for was a plain K=2 that does not carry
+    the peak. Modelled as it runs, the move is to speculation off, the one config that
+    carries the peak, and the reason names the schedule it compares."""
+    settings = auto()
+    state = under_schedule(LONG_AT_THE_CALM, since=NOW - 3 * 86400, live_since=NOW - 3 * 86400 + 180,
+                           last_alpha=0.8)
+    offered = 0.97 * perfmodel.capacity(TRUTH, workload(1), perfmodel.OFF)
+    assert perfmodel.capacity(TRUTH, workload(offered), 2) < offered
+    decision, after = step(settings, state, at_capacity(offered, LONG_AT_THE_CALM, TRUTH, queue_seen=True), NOW)
+    assert decision.changes and decision.config == perfmodel.OFF, decision.reason
+    assert f"{LONG_AT_THE_CALM.label} 1.00x" in decision.reason, decision.reason
+    assert after.schedule is None
+
+
 def test_a_schedule_that_drafts_nothing_at_a_peak_past_every_config_stays_whatever_the_queue():
     """Past even speculation off's capacity, a schedule already off at the peak's batch has
     nothing a restart would add: it stays, the queue read or not."""

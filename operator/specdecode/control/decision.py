@@ -137,6 +137,9 @@ class ConfigPrediction:
     """min(goodput / best goodput, best latency / latency): 1.0 is the best config."""
     speedup: float
     """Mean e2e latency of the current config / this config's (> 1: faster)."""
+    schedule: str | None = None
+    """The label of the schedule this K runs as (the one in effect, for its largest K:
+    `estimates.Calibration.running`); None: plain K."""
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,9 @@ def fit_acceptance(
     return min(0.999, math.exp(intercept)), decay
 
 
-def step_scale(params: EngineParams, k: int, est: Estimate) -> float | None:
-    """Measured mean step time / the prior's step time at the observed batch (None: unknown)."""
+def step_scale(params: EngineParams, k: perfmodel.Config, est: Estimate) -> float | None:
+    """Measured mean step time / the prior's step time at the observed batch (None: unknown);
+    a schedule's step is the one of the K its range gives that batch."""
     if est.step_time_s is None or est.batch_per_replica is None or est.batch_per_replica <= 0:
         return None
     replicas = max(1, params.replicas)
@@ -190,7 +191,7 @@ def step_scale(params: EngineParams, k: int, est: Estimate) -> float | None:
     return est.step_time_s / model
 
 
-def kv_scale(params: EngineParams, k: int, est: Estimate, tuning: PolicyTuning) -> float | None:
+def kv_scale(params: EngineParams, k: perfmodel.Config, est: Estimate, tuning: PolicyTuning) -> float | None:
     """Measured / prior KV-cache memory of a replica (None: unknown).
 
     The KV usage gauge over the running batch gives the tokens one replica holds:
@@ -201,8 +202,10 @@ def kv_scale(params: EngineParams, k: int, est: Estimate, tuning: PolicyTuning) 
     usage, batch = est.kv_usage, est.batch_per_replica
     if usage is None or batch is None or batch <= 0 or usage < tuning.min_kv_usage:
         return None
-    held = batch * (est.prompt_tokens + est.output_tokens / 2.0 + k) / usage
-    memory = held if k == OFF else held * (1.0 + params.draft_kv_ratio) + params.draft_weight_tokens
+    drafted = k.k_at(batch) if isinstance(k, perfmodel.Schedule) else k
+    held = batch * (est.prompt_tokens + est.output_tokens / 2.0 + drafted) / usage
+    loaded = perfmodel.config_max_k(k) != OFF  # a schedule's draft stays loaded at K 0
+    memory = held * (1.0 + params.draft_kv_ratio) + params.draft_weight_tokens if loaded else held
     lo, hi = tuning.kv_scale_bounds
     return min(hi, max(lo, memory / params.kv_capacity_tokens))
 
@@ -240,12 +243,26 @@ class Calibration:
     """Scale measured on the current config in this window."""
     slower: tuple[int, float] | None = None
     """(config, factor): that one config's time costs multiplied by the factor (`slowed`)."""
+    running: perfmodel.Schedule | None = None
+    """The schedule in effect, if any. The rules name the running config by its largest K
+    (what sizes the engine), and a plain K of that size is no option while the schedule
+    runs (a move to it changes nothing the rules compare); so that K is modelled as the
+    schedule, step by step at the K its range gives the batch. Modelled as the plain largest
+    K, staying was priced at a K the engine does not run: an n-gram schedule drafting K=3 at
+    a peak's batch of 1,000 was priced as K=8, twice as slow, and the move to speculation off
+    waited 49 minutes for its price (`gen-9-05-swing-x2`)."""
 
     def params_for(self, k: int) -> EngineParams:
         params = self.off if k == OFF else self.on
         if self.slower is not None and self.slower[0] == k:
             params = scaled_params(params, self.slower[1], None)
         return params
+
+    def config(self, k: int) -> perfmodel.Config:
+        """What config ``k`` runs as: the schedule in effect for its largest K, else ``k``."""
+        if self.running is not None and k == self.running.max_k:
+            return self.running
+        return k
 
     def slowed(self, k: int, factor: float) -> "Calibration":
         """The same calibration with config ``k``'s step ``factor`` times slower: a config
@@ -310,7 +327,7 @@ def predict(
         k: phase(
             calibration.params_for(k),
             workload,
-            k,
+            calibration.config(k),
             settings.tuning.prediction_horizon_s,
             backlog,
             replicas,
@@ -345,8 +362,13 @@ def predict(
             capacity_rps=r.steady.capacity_rps,
             score=min(good, fast),
             speedup=speed,
+            schedule=_schedule_label(calibration.config(k)),
         )
     return out
+
+
+def _schedule_label(config: perfmodel.Config) -> str | None:
+    return config.label if isinstance(config, perfmodel.Schedule) else None
 
 
 @dataclass(frozen=True)
@@ -398,7 +420,8 @@ def switch_outlook(
     replicas = max(1, calibration.on.replicas)
     slo = (settings.slo_e2e_s, settings.slo_tpot_s)
     backlog = round(est.waiting, 1)
-    stay = phase(calibration.params_for(current), workload, current, horizon, backlog, replicas, *slo)
+    stay = phase(calibration.params_for(current), workload, calibration.config(current), horizon, backlog,
+                 replicas, *slo)
 
     pieces: list[tuple[int, float, int]] = []  # (config, seconds, serving replicas)
     if settings.rollout_keeps_capacity:
@@ -423,7 +446,8 @@ def switch_outlook(
             cost += arrivals * seconds / 2.0
             queue += arrivals
             continue
-        piece = phase(calibration.params_for(config), workload, config, seconds, round(queue, 1), serving, *slo)
+        piece = phase(calibration.params_for(config), workload, calibration.config(config), seconds,
+                      round(queue, 1), serving, *slo)
         cost += piece.arrivals * piece.e2e_mean_s
         good += piece.goodput_tokens_per_s * seconds
         queue = piece.queue_end

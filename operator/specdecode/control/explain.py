@@ -45,12 +45,13 @@ def fmt_x(value: float) -> str:
 
 
 def summary(preds: Mapping[int, ConfigPrediction], first: Iterable[int]) -> str:
-    """'off 1.00x, K=3 0.82x' for the named configs (speedups vs the current config)."""
+    """'off 1.00x, K=3 0.82x' for the named configs (speedups vs the current config; a K that
+    runs as the schedule in effect by the schedule's label)."""
     seen: list[int] = []
     for k in first:
         if k in preds and k not in seen:
             seen.append(k)
-    return ", ".join(f"{label(k)} {fmt_x(preds[k].speedup)}" for k in seen)
+    return ", ".join(f"{preds[k].schedule or label(k)} {fmt_x(preds[k].speedup)}" for k in seen)
 
 
 def fmt_alpha(est: Estimate) -> str:

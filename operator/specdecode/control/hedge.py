@@ -88,7 +88,7 @@ def config_capacity(
     estimate's workload and acceptance ``alpha`` (default the estimate's): the capacity
     `estimates.predict` reports, without the latency figures around it."""
     workload = workload_of(est, est.alpha if alpha is None else alpha)
-    return _capacity(calibration.params_for(k), workload, k, replicas)
+    return _capacity(calibration.params_for(k), workload, calibration.config(k), replicas)
 
 
 def overloading_rollout(
@@ -140,10 +140,10 @@ def hedge_outlook(
     workload = workload_of(est, est.alpha if alpha is None else alpha)
 
     def at(k: int, load: Workload, n: int) -> perfmodel.PhaseResult:
-        return phase(calibration.params_for(k), load, k, horizon, 0.0, n, *slo)
+        return phase(calibration.params_for(k), load, calibration.config(k), horizon, 0.0, n, *slo)
 
     def capacity(k: int, n: int) -> float:
-        return _capacity(calibration.params_for(k), workload, k, n)
+        return _capacity(calibration.params_for(k), workload, calibration.config(k), n)
 
     cap_current = capacity(current, replicas)
     if not capacity(target, replicas) >= cap_current * (1.0 + t.hedge_min_capacity_gain):

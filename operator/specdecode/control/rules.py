@@ -162,7 +162,7 @@ from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import ControlState, bounded
 from specdecode.control.metrics import Observation
-from specdecode.control.perfmodel import OFF
+from specdecode.control.perfmodel import OFF, Schedule
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,13 @@ class _Context:
 
     @property
     def current(self) -> int:
+        """The running config as the rules compare it: K (a schedule's largest), or off."""
         return self.state.config
+
+    @property
+    def running(self) -> Schedule | None:
+        """The per-batch-size schedule in effect (`Calibration.running`), None under plain K."""
+        return self.state.schedule if self.state.enabled else None
 
     @property
     def acting(self) -> bool:
@@ -277,7 +283,7 @@ def _decide_on_windows(ctx: _Context, below_floor: bool) -> Decision:
         left = ready_at + s.window_s - ctx.now
         return _make(
             ctx, Action.HOLD, state.k, Rule.WARMUP,
-            f"collecting the first full {fmt_s(s.window_s)} window of {label(ctx.current)} "
+            f"collecting the first full {fmt_s(s.window_s)} window of {ctx.state.config_label} "
             f"after its warm-up ({fmt_s(left)} left)",
             metrics=flags,
         )
@@ -437,20 +443,20 @@ def _health(ctx: _Context) -> Decision | None:
     if not observed.available:
         return _make(
             ctx, Action.HOLD, state.k, Rule.METRICS,
-            f"holding {label(ctx.current)}: metrics unavailable ({observed.message})",
+            f"holding {ctx.state.config_label}: metrics unavailable ({observed.message})",
             metrics=flags,
         )
     if state.live_since is None:
         return _make(
             ctx, Action.HOLD, state.k, Rule.ROLLOUT,
-            f"rollout of {label(ctx.current)} in progress: waiting for every replica to be Ready",
+            f"rollout of {ctx.state.config_label} in progress: waiting for every replica to be Ready",
             metrics=flags,
         )
     ready_at = state.live_since + s.warmup_s
     if ctx.now < ready_at:
         return _make(
             ctx, Action.HOLD, state.k, Rule.WARMUP,
-            f"{label(ctx.current)} warming up ({fmt_s(ready_at - ctx.now)} left): its metrics "
+            f"{ctx.state.config_label} warming up ({fmt_s(ready_at - ctx.now)} left): its metrics "
             "do not count yet",
             metrics=flags,
         )
@@ -464,17 +470,17 @@ def _health(ctx: _Context) -> Decision | None:
             )
             return _make(
                 ctx, Action.HOLD, state.k, Rule.METRICS,
-                f"holding {label(ctx.current)}: {message}",
+                f"holding {ctx.state.config_label}: {message}",
                 metrics=Condition(False, constants.REASON_METRICS_MISSING, message),
             )
         return _make(
             ctx, Action.HOLD, state.k, Rule.WARMUP,
-            f"waiting for the first scrapes of {label(ctx.current)}", metrics=flags,
+            f"waiting for the first scrapes of {ctx.state.config_label}", metrics=flags,
         )
     if not flags.status:
         return _make(
             ctx, Action.HOLD, state.k, Rule.METRICS,
-            f"holding {label(ctx.current)}: {flags.message}", metrics=flags,
+            f"holding {ctx.state.config_label}: {flags.message}", metrics=flags,
         )
     return None
 
@@ -521,8 +527,12 @@ def _undrafted_note(ctx: _Context, est: Estimate) -> str:
 
 def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]:
     prior = ctx.settings.prior_params()
+    running = ctx.running
+    if running is not None and ctx.state.schedule_overhead_s is not None:
+        prior = replace(prior, schedule_overhead_s=ctx.state.schedule_overhead_s)
+    measured_as = running if running is not None else ctx.current
     lo, hi = ctx.tuning.scale_bounds
-    measured = step_scale(prior, ctx.current, est)
+    measured = step_scale(prior, measured_as, est)
     scale_now = None if measured is None else min(hi, max(lo, measured))
     base = scale_now if scale_now is not None else 1.0
     # The other kind of config (speculation off while it is on, and back): the ratio a canary
@@ -542,11 +552,12 @@ def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]
         else:
             on_scale = ctx.memory.scale_on if ctx.memory.scale_on is not None else base
     decay = est.decay
-    kv = kv_scale(prior, ctx.current, est, ctx.tuning)
+    kv = kv_scale(prior, measured_as, est, ctx.tuning)
     calibration = Calibration(
         off=scaled_params(prior, off_scale, decay, kv),
         on=scaled_params(prior, on_scale, decay, kv),
         scale_now=scale_now,
+        running=running,
     )
     return calibration, scale_now
 
@@ -1082,7 +1093,7 @@ def _ready_for_peak(
         if overloading_rollout(calibration, est, (k, current), ctx.settings, est.request_rate) is not None:
             return None
         return k, (
-            f"ready for the peak: {label(current)} carries {cur.capacity_rps:.1f} req/s and the load "
+            f"ready for the peak: {ctx.state.config_label} carries {cur.capacity_rps:.1f} req/s and the load "
             f"reached {peak:.1f} req/s within the last day, where a restart would load the replicas "
             f"left serving to {peak / rollout:.0%} of the {rollout:.1f} req/s they carry; {label(k)} "
             f"carries {carries:.1f} req/s (its step {t.unmeasured_step_tolerance:.0%} slower than "
@@ -1156,7 +1167,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         return hold(
             f"capacity hedge to {label(hedge.target)} at alpha {est.alpha:.2f}, but acceptance is "
             f"recovering ({recovering:.2f} on the {fmt_s(s.guard_window_s)} window): at that "
-            f"acceptance {label(current)} is out of the hedge zone; keeping {label(current)} {context}"
+            f"acceptance {ctx.state.config_label} is out of the hedge zone; keeping {ctx.state.config_label} {context}"
         )
     if hedge is not None:
         reason = f"capacity hedge: {describe_hedge(hedge, reach)}"
@@ -1199,7 +1210,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         locked = None if why is None else f"{label(untrapped)} ({fmt_x(preds[untrapped].speedup)}): {why}"
     best_pays = best != current and preds[best].score >= cur.score * (1 + t.min_gain)
     if locked is not None and not best_pays and preds[wanted].score >= cur.score * (1 + t.min_gain):
-        return hold(f"at {high:.2f} req/s no faster config is safe to enter: {locked}; keeping {label(current)} {context}")
+        return hold(f"at {high:.2f} req/s no faster config is safe to enter: {locked}; keeping {ctx.state.config_label} {context}")
     if best == current or preds[best].score < cur.score * (1 + t.min_gain):
         ready = _ready_for_peak(ctx, calibration, est, preds, trapped)
         if ready is not None:
@@ -1209,7 +1220,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         runner = max((k for k in preds if k != current), key=lambda k: preds[k].score, default=None)
         comparison = summary(preds, (current, runner) if runner is not None else (current,))
         return hold(
-            f"{label(current)} is best within {t.min_gain:.0%}: predicted {comparison} {context}{unneeded}"
+            f"{ctx.state.config_label} is best within {t.min_gain:.0%}: predicted {comparison} {context}{unneeded}"
         )
     # A long window that mixes two regimes of acceptance (the short one moved away from it)
     # picks a K for neither: wait until it has caught up, when the newer reading would choose
@@ -1222,12 +1233,12 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"{label(best)} predicted {fmt_x(preds[best].speedup)}, but acceptance is moving ({shift:.2f} on "
             f"the {fmt_s(s.guard_window_s)} window against {est.alpha:.2f} on the {fmt_s(s.window_s)} one) "
             f"and at {shift:.2f} {label(best)} would be {_slower_text(_regret(at_shift, best))} than "
-            f"{label(fastest)}: keeping {label(current)} until the long window has caught up {context}"
+            f"{label(fastest)}: keeping {ctx.state.config_label} until the long window has caught up {context}"
         )
     if not _robust(ctx, calibration, est, current, best, margin=0.0):
         return hold(
             f"{label(best)} predicted {fmt_x(preds[best].speedup)} but not at every corner of "
-            f"the confidence box; keeping {label(current)} {context}"
+            f"the confidence box; keeping {ctx.state.config_label} {context}"
         )
     # The recent low judges the move the model prefers (the longest draft within the
     # hysteresis): acceptance that swung that far lately says no longer draft is a safe bet,
@@ -1238,7 +1249,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         return hold(
             f"{label(longest)} predicted {fmt_x(preds[longest].speedup)}, but acceptance was "
             f"{low:.2f} within the last hour and, should it return there, {label(longest)} "
-            f"loses more than it gains now; keeping {label(current)} {context}"
+            f"loses more than it gains now; keeping {ctx.state.config_label} {context}"
         )
     reason = f"predicted {summary(preds, (best, current))} {context}"
     if locked is not None:
@@ -1489,7 +1500,7 @@ def _effectiveness(
     ) else 0.0
     acceptance = f"alpha {fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
     message = (
-        f"{label(current)}: {acceptance}; predicted {fmt_x(vs_off)} vs off at "
+        f"{ctx.state.config_label}: {acceptance}; predicted {fmt_x(vs_off)} vs off at "
         f"{est.request_rate:.2f} req/s"
     )
     if vs_off >= 1.0:

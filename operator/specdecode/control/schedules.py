@@ -83,7 +83,7 @@ from specdecode.control.estimates import (
     Calibration, Estimate, estimate, scaled_params, step_scale, workload_of,
 )
 from specdecode.control.experiments import Experiment, Verdict
-from specdecode.control.explain import shut_way_out
+from specdecode.control.explain import label, shut_way_out
 from specdecode.control.hedge import overloading_rollout, rollout_capacity_of
 from specdecode.control.memory import remember, stored
 from specdecode.control.metrics import Observation
@@ -317,15 +317,15 @@ def advance(after: ControlState, before: ControlState, decision: Decision, updat
 def _trial_note(trial: Experiment, k: int | None) -> str:
     """Where a schedule's canary experiment stands, for status.speculation.scheduleReason."""
     assert trial.candidate_schedule is not None
-    label = trial.candidate_schedule.label
+    name = trial.candidate_schedule.label
     if trial.running:
-        return f"on trial: {label} runs on a canary against K={k} ({trial.purpose.value} experiment)"
+        return f"on trial: {name} runs on a canary against K={k} ({trial.purpose.value} experiment)"
     outcome = trial.outcome
     verdict = outcome.verdict.value if outcome is not None else "ended"
     why = outcome.reason if outcome is not None else ""
     if outcome is not None and outcome.verdict is Verdict.PROMOTE:
         return f"promoted from its canary: {why}"[:512]
-    return f"{label} ended {verdict} on its canary: {why}; plain K"[:512]
+    return f"{name} ended {verdict} on its canary: {why}; plain K"[:512]
 
 
 # --- no schedule yet ---------------------------------------------------------------------------
@@ -379,9 +379,9 @@ def _maybe_adopt(
             )
         except perfmodel.ScheduleError:
             continue
-        label = proposal.schedule.label
-        if (len(proposal.schedule.bands) >= 2 and label not in state.rejected_schedules
-                and all(c.schedule.label != label for c in candidates)):
+        name = proposal.schedule.label
+        if (len(proposal.schedule.bands) >= 2 and name not in state.rejected_schedules
+                and all(c.schedule.label != name for c in candidates)):
             candidates.append(proposal)
     if not candidates:
         return decision, ScheduleUpdate(note="no schedule pays: one K fits every batch seen")
@@ -425,7 +425,7 @@ def _maybe_adopt(
             loss = worst_e2e(schedule, target)
             low_loss = worst_loss(schedule, state.k, [(low, 1.0)])
             if loss is None or loss > ADOPT_MAX_LOSS or low_loss > ADOPT_MAX_LOSS:
-                notes.append(f"{schedule.label}: {_pct(loss)} e2e against {_label(target)} now, "
+                notes.append(f"{schedule.label}: {_pct(loss)} e2e against {label(target)} now, "
                              f"{_pct(low_loss)} per token against K={state.k} at batch {low:.0f}")
                 continue
             short = _peak_shortfall(state, params, est, acceptance[0], schedule, state.k)
@@ -433,7 +433,7 @@ def _maybe_adopt(
                 notes.append(f"{schedule.label}: {short}")
                 continue
             reason = (
-                f"instead of {_label(target)} ({decision.rule.value}: {decision.reason})"[:400]
+                f"instead of {label(target)} ({decision.rule.value}: {decision.reason})"[:400]
                 + f"; per-batch-size schedule {schedule.label} is predicted within "
                 f"{ADOPT_MAX_LOSS:.0%} of it now ({_pct(loss)} e2e) and of K={state.k} at batch "
                 f"{low:.0f} ({_pct(low_loss)} per token): the same restart now, none when the load returns"
@@ -694,10 +694,6 @@ def _restart_allowed(settings: PolicySettings, state: ControlState, now: float) 
     return memory.changes_last_hour < budget
 
 
-def _label(config: int) -> str:
-    return "off" if config == OFF else f"K={config}"
-
-
 def _pct(value: float | None) -> str:
     return "unknown" if value is None else f"{value:+.1%}"
 
@@ -773,12 +769,12 @@ def _under_schedule(
         beyond = f", beyond the {accepted:.1%} its canary measured" if accepted > 0 else ""
         reason = (
             f"schedule {schedule.label} measured {measured * 1e3:.2f} ms per token at "
-            f"{est.request_rate:.1f} req/s{_tpot_text(obs)}, {over:.0%} above {_label(best_k)} {basis}{beyond}; calibrated "
+            f"{est.request_rate:.1f} req/s{_tpot_text(obs)}, {over:.0%} above {label(best_k)} {basis}{beyond}; calibrated "
             f"schedule overhead {0.0 if overhead is None else overhead * 1e3:.2f} ms per step: reverted to "
-            f"{_label(plain_k)} and not chosen again for this spec"
+            f"{label(plain_k)} and not chosen again for this spec"
         )
         return _revert(decision, schedule, plain_k, reason), ScheduleUpdate(
-            note=f"reverted: {over:.0%} slower per token than {_label(best_k)}",
+            note=f"reverted: {over:.0%} slower per token than {label(best_k)}",
             overhead_s=overhead, rejected=schedule.label,
         )
     replacement = _replacement(settings, state, params, est, acceptance, batches,
@@ -846,11 +842,11 @@ def _behind(
     reason = (
         f"schedule {state.schedule.label} fell behind its load: {finished:.2f} req/s per replica finished "
         f"with {obs.waiting / obs.pods:.1f} requests waiting per replica{_tpot_text(obs)}, {behind:.0%} under "
-        f"the {plain_serves:.2f} req/s {_label(plain_k)} {basis}: reverted to {_label(plain_k)} "
+        f"the {plain_serves:.2f} req/s {label(plain_k)} {basis}: reverted to {label(plain_k)} "
         f"and not chosen again for this spec"
     )
     return _revert(decision, state.schedule, plain_k, reason), ScheduleUpdate(
-        note=f"reverted: fell {behind:.0%} behind {_label(plain_k)}'s capacity", rejected=state.schedule.label,
+        note=f"reverted: fell {behind:.0%} behind {label(plain_k)}'s capacity", rejected=state.schedule.label,
     )
 
 
