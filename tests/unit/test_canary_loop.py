@@ -242,6 +242,25 @@ def test_a_promotion_reached_stands_while_it_waits_for_the_load():
     assert promoted.speculation.enabled and promoted.speculation.k == 1
 
 
+def test_a_canary_no_better_serves_on_while_its_end_would_overload_the_replicas_left_serving():
+    """A canary's end gives its borrowed replica back, and it restarts while the main
+    Deployment's two replicas carry the whole load. With the load risen in mid-experiment to
+    48 req/s for the service (what two replicas carry is less), a candidate measured no better
+    and no worse keeps serving: the record says why, nothing restarts, and the experiment ends
+    (AbortNoGain) once the load allows it."""
+    _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=1.0)
+    assert running_record(calm) is not None
+    peak, busy = drive(SPEC, calm, 40, factor=1.0, workload=Workload(32, 1000, 300, 0, 0.8), start=NOW + 8 * MINUTE)
+    assert not any(r.rerender or r.experiments_ended for _, r in peak)
+    record = running_record(busy)
+    assert record is not None and record.verdict == "Running"
+    assert "not worth a rollout; the end waits: at 48.00 req/s its end would load the 2 replica(s)" in record.reason
+    assert any("would end AbortNoGain" in r.decision.reason for _, r in peak)
+    after, ended = drive(SPEC, busy, 15, factor=1.0, start=NOW + 48 * MINUTE)
+    assert [rec.verdict for _, r in after for rec in r.experiments_ended] == ["AbortNoGain"]
+    assert not any(r.rerender for _, r in after) and ended.speculation.enabled is False
+
+
 def test_a_candidate_within_the_minimum_effect_is_not_worth_a_rollout():
     results, status = drive(SPEC, live_status(SPEC, None), 30, factor=1.0)
     verdicts = [rec.verdict for _, r in results for rec in r.experiments_ended]

@@ -53,6 +53,9 @@ from specdecode.control.state import ControlState
 
 LOSSES = frozenset({Verdict.ABORT_WORSE, Verdict.ABORT_NO_GAIN, Verdict.ABORT_SLO, Verdict.ABORT_TIMEOUT})
 """Verdicts that say the candidate did not beat the running config (a cancel says nothing)."""
+PATIENT_LOSSES = frozenset({Verdict.ABORT_NO_GAIN, Verdict.ABORT_TIMEOUT})
+"""Losses of a candidate not measured worse: its canary may serve on until the load allows the
+restart its end costs (`_end_overloads`)."""
 
 
 def run(
@@ -219,9 +222,49 @@ def _measure(
         return replace(decision, action=action, enabled=target is not None, k=target, rule=Rule.EXPERIMENT,
                        reason=reason, applied=True, held=None, wanted=None,
                        schedule=measured.candidate_schedule), state
+    if outcome.verdict in PATIENT_LOSSES:
+        overload = _end_overloads(settings, state, decision, observed)
+        if overload is not None:
+            # The canary goes on serving the candidate, no worse than the running config, on
+            # its borrowed replicas; later windows are judged as before (a loss measured
+            # worse, or an SLO breach, ends it at once) and the next one checks the load again.
+            waiting = replace(measured, ended_at=None, outcome=replace(
+                outcome, verdict=Verdict.CONTINUE, reason=f"{outcome.reason}; the end waits: {overload}"))
+            state = replace(state, experiments=state.experiments[:-1] + (waiting,))
+            return _experiment_hold(decision, state, (
+                f"canary experiment ({running.purpose.value}) would end {outcome.verdict.value}: {outcome.reason} "
+                f"({evidence}), but {overload}: the canary keeps serving {running.candidate} until the load "
+                "allows its replicas to restart")), state
     return _experiment_hold(decision, state, (
         f"canary experiment ({running.purpose.value}) ended {outcome.verdict.value}: {outcome.reason} "
         f"({evidence}); keeping {current}")), state
+
+
+def _end_overloads(
+    settings: PolicySettings, state: ControlState, decision: Decision, observed: PolicyObservations,
+) -> Optional[str]:
+    """Why ending a capacity-neutral canary now would overload the main Deployment, or None.
+    Its end gives the borrowed replicas back, and they restart into the running config while
+    the main Deployment's replicas carry the whole load. Traced in a generated swing (EAGLE-3,
+    `maxSurge: 0`, two replicas): a canary of K=4 against K=3 started a minute before a step
+    to 91 % of the service's capacity, served it as well as K=3 did, and timed out 29 minutes
+    into the peak; its replica's restart left one replica of K=3 under the whole peak, and
+    the queue of those minutes took half the day's score (0.49, where K=3 all day scores
+    0.97). Above ``restart_max_rollout_load`` of what the main Deployment carries, a candidate
+    measured no worse keeps serving until the load falls."""
+    policy = settings.experiments
+    if policy is None or not policy.plan.borrows_replicas(policy.spec):
+        return None
+    predicted = {p.k: p for p in decision.predictions}
+    incumbent = predicted.get(state.config)
+    window = observed.window if observed.available else None
+    if incumbent is None or window is None or window.idle:
+        return None
+    # The predictions are the main Deployment's (`serving_settings`): its replicas carry
+    # ``incumbent.capacity_rps``; the window's load is their share of the service's.
+    main = max(1, policy.plan.main_replicas(policy.spec))
+    return _overloads(settings, observed, main, incumbent.capacity_rps,
+                      f"its end would load the {main} replica(s) left serving during the canary's restart")
 
 
 def _promotion_overloads(
@@ -250,11 +293,19 @@ def _promotion_overloads(
     main = max(1, policy.plan.main_replicas(policy.spec)) if policy is not None else settings.replicas
     per_replica = min(incumbent.capacity_rps, candidate.capacity_rps) / main
     left = per_replica * serving_in_rollout(settings, settings.replicas)
+    return _overloads(settings, observed, main, left, "the rollout would load the replicas left serving")
+
+
+def _overloads(settings: PolicySettings, observed: PolicyObservations, main: int, left: float,
+               what: str) -> Optional[str]:
+    """``what`` (a restart's words) with the load it would meet, when the service's load
+    (the main Deployment's ``main`` replicas' share, scaled to the service's) reaches
+    ``restart_max_rollout_load`` of the ``left`` requests/s the replicas left serving carry;
+    None below it."""
     rate = observed.highest_request_rate(settings) / main * settings.replicas
     if left <= 0 or rate < settings.tuning.restart_max_rollout_load * left:
         return None
-    return (f"at {rate:.2f} req/s the rollout would load the replicas left serving to {rate / left:.0%} "
-            f"of the {left:.1f} req/s they carry")
+    return f"at {rate:.2f} req/s {what} to {rate / left:.0%} of the {left:.1f} req/s they carry"
 
 
 def step_scales(
