@@ -261,6 +261,17 @@ def test_a_canary_no_better_serves_on_while_its_end_would_overload_the_replicas_
     assert not any(r.rerender for _, r in after) and ended.speculation.enabled is False
 
 
+def test_a_canary_far_slower_at_a_peak_ends_there_whatever_the_load():
+    """The wait is for a candidate serving about as well as the running config: one whose
+    windows read twice as slow per token at the peak ends there (AbortWorse), its replica's
+    restart and all."""
+    _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=2.0)
+    assert running_record(calm) is not None
+    peak, busy = drive(SPEC, calm, 40, factor=2.0, workload=Workload(32, 1000, 300, 0, 0.8), start=NOW + 8 * MINUTE)
+    assert [rec.verdict for _, r in peak for rec in r.experiments_ended] == ["AbortWorse"]
+    assert running_record(busy) is None and not any("the end waits" in r.decision.reason for _, r in peak)
+
+
 def test_a_candidate_within_the_minimum_effect_is_not_worth_a_rollout():
     results, status = drive(SPEC, live_status(SPEC, None), 30, factor=1.0)
     verdicts = [rec.verdict for _, r in results for rec in r.experiments_ended]

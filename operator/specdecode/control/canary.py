@@ -53,9 +53,19 @@ from specdecode.control.state import ControlState
 
 LOSSES = frozenset({Verdict.ABORT_WORSE, Verdict.ABORT_NO_GAIN, Verdict.ABORT_SLO, Verdict.ABORT_TIMEOUT})
 """Verdicts that say the candidate did not beat the running config (a cancel says nothing)."""
-PATIENT_LOSSES = frozenset({Verdict.ABORT_NO_GAIN, Verdict.ABORT_TIMEOUT})
-"""Losses of a candidate not measured worse: its canary may serve on until the load allows the
-restart its end costs (`_end_overloads`)."""
+PATIENT_LOSSES = frozenset({Verdict.ABORT_NO_GAIN, Verdict.ABORT_TIMEOUT, Verdict.ABORT_WORSE, Verdict.ABORT_SLO})
+"""Losses whose canary may serve on until the load allows the restart its end costs
+(`_end_overloads`): every one but a canary below the acceptance floor (ended before any
+verdict, as the collapse guard ends the running config's)."""
+END_WAIT_TOLERANCE = 0.5
+"""... while its last window's time per token is at most this much above the running
+config's. A candidate that timed out on calm windows may be far worse at a peak (traced: an
+EAGLE head at acceptance 0.32, K=2 2.26 times speculation off's time per token there), and its
+end does not wait. One some 10 % slower carries nearly its share, and its end would leave the
+main Deployment alone under the peak (traced: n-gram K=5 against K=3 in a generated swing,
+measured 11 % slower over the peak's windows, one of them 26 %: ended there, 0.80; waiting
+for the calm, 0.97). Both arms queue at a peak's bursts, the one no worse as much as the
+other: a queue does not tell them apart."""
 
 
 def run(
@@ -222,7 +232,7 @@ def _measure(
         return replace(decision, action=action, enabled=target is not None, k=target, rule=Rule.EXPERIMENT,
                        reason=reason, applied=True, held=None, wanted=None,
                        schedule=measured.candidate_schedule), state
-    if outcome.verdict in PATIENT_LOSSES:
+    if outcome.verdict in PATIENT_LOSSES and _serves_as_well(canary, observed.window):
         overload = _end_overloads(settings, state, decision, observed)
         if overload is not None:
             # The canary goes on serving the candidate, no worse than the running config, on
@@ -238,6 +248,15 @@ def _measure(
     return _experiment_hold(decision, state, (
         f"canary experiment ({running.purpose.value}) ended {outcome.verdict.value}: {outcome.reason} "
         f"({evidence}); keeping {current}")), state
+
+
+def _serves_as_well(canary: Optional[Observation], incumbent: Optional[Observation]) -> bool:
+    """The canary's last window served about as well as the running config's: a time per
+    token at most ``END_WAIT_TOLERANCE`` above it (`_end_overloads`)."""
+    if canary is None or incumbent is None or canary.idle or incumbent.idle:
+        return False
+    mine, theirs = canary.tpot_mean_s, incumbent.tpot_mean_s
+    return mine is not None and theirs is not None and mine <= theirs * (1.0 + END_WAIT_TOLERANCE)
 
 
 def _end_overloads(

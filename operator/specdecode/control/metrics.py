@@ -68,6 +68,9 @@ GROUP_LABELS: tuple[str, ...] = (
 """Every query groups by these: one result per service and config hash."""
 
 LATENCY_QUANTILE = 0.95
+QUEUED_PER_REPLICA = 1.0
+"""Requests waiting per replica, averaged over a window, that show replicas at their capacity
+(`Observation.queued`)."""
 
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -431,6 +434,14 @@ class Observation:
     def idle(self) -> bool:
         """No request finished in the window (latency is undefined, not failing)."""
         return self.requests <= 0
+
+    @property
+    def queued(self) -> bool:
+        """``QUEUED_PER_REPLICA`` or more requests waiting per replica on average, in a window
+        that finished requests: the replicas at their capacity (what they finish then is
+        what they can serve, not the load)."""
+        return (not self.idle and self.waiting is not None and self.pods > 0
+                and self.waiting / self.pods >= QUEUED_PER_REPLICA)
 
     @property
     def batch_per_pod(self) -> float | None:

@@ -107,9 +107,6 @@ REVERT_MARGIN = 0.08
 (measured before it, at the same batch), beyond what its canary measured, is reverted."""
 CHECK_EVALUATIONS = 5
 """Evaluations after a schedule's first full window during which it may be reverted."""
-BEHIND_QUEUE = 1.0
-"""Requests waiting per replica, averaged over the window, that show a service at its capacity
-(what it finishes then is what it can serve)."""
 BEHIND_MARGIN = 0.25
 """A schedule at its capacity that finishes this much fewer requests than the plain K it
 replaced is predicted to serve is reverted, whenever it happens while the schedule is in
@@ -825,7 +822,7 @@ def _behind(
     # Checked first: most windows have no queue, and then nothing below is computed.
     if obs is None or guard is None or obs.requests < settings.min_requests:
         return None
-    if not (_queued(obs) and _queued(guard) and _steady(obs)):
+    if not (obs.queued and guard.queued and _steady(obs)):
         return None
     est = estimate(obs, settings.tuning)
     alphas = [a for a in (est.alpha if est.alpha is not None else state.last_alpha, state.recent_low_alpha)
@@ -894,20 +891,14 @@ def _past_capacity(
 
 
 def past_capacity(obs: Observation, tuning: PolicyTuning) -> bool:
-    """Requests wait (`_queued`) and more arrive than finish, by ``past_capacity_margin``:
-    what finishes is the replicas' capacity, not the load. Without a queue a window's
-    arrivals are only noisier than its finished requests. The policy's load stays the
-    finished rate: read as the load everywhere, the arrivals lost on held-back scenarios
-    (README, session 31)."""
-    if obs.queue_change is None or not _queued(obs):
+    """Requests wait (`Observation.queued`) and more arrive than finish, by
+    ``past_capacity_margin``: what finishes is the replicas' capacity, not the load. Without a
+    queue a window's arrivals are only noisier than its finished requests. The policy's load
+    stays the finished rate: read as the load everywhere, the arrivals lost on held-back
+    scenarios (README, session 31)."""
+    if obs.queue_change is None or not obs.queued:
         return False
     return obs.arrival_rate >= (1.0 + tuning.past_capacity_margin) * obs.request_rate
-
-
-def _queued(obs: Observation) -> bool:
-    """``BEHIND_QUEUE`` or more requests waiting per replica: the service at its capacity
-    (what it finishes then is what it can serve)."""
-    return not obs.idle and obs.waiting is not None and obs.pods > 0 and obs.waiting / obs.pods >= BEHIND_QUEUE
 
 
 def _finished_short(obs: Observation, plain_serves: float) -> float | None:
