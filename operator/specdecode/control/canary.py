@@ -235,9 +235,9 @@ def _measure(
     if outcome.verdict in PATIENT_LOSSES and _serves_as_well(canary, observed.window):
         overload = _end_overloads(settings, state, decision, observed)
         if overload is not None:
-            # The canary goes on serving the candidate, no worse than the running config, on
-            # its borrowed replicas; later windows are judged as before (a loss measured
-            # worse, or an SLO breach, ends it at once) and the next one checks the load again.
+            # The canary goes on serving the candidate on its borrowed replicas; each later
+            # window is judged again (one more than END_WAIT_TOLERANCE slower per token, or a
+            # canary below the floor, ends it at once) and checks the load again.
             waiting = replace(measured, ended_at=None, outcome=replace(
                 outcome, verdict=Verdict.CONTINUE, reason=f"{outcome.reason}; the end waits: {overload}"))
             state = replace(state, experiments=state.experiments[:-1] + (waiting,))
@@ -269,8 +269,9 @@ def _end_overloads(
     to 91 % of the service's capacity, served it as well as K=3 did, and timed out 29 minutes
     into the peak; its replica's restart left one replica of K=3 under the whole peak, and
     the queue of those minutes took half the day's score (0.49, where K=3 all day scores
-    0.97). Above ``restart_max_rollout_load`` of what the main Deployment carries, a candidate
-    measured no worse keeps serving until the load falls."""
+    0.97). Above ``restart_max_rollout_load`` of what the main Deployment carries, a canary
+    serving within ``END_WAIT_TOLERANCE`` of the running config keeps serving until the load
+    falls."""
     policy = settings.experiments
     if policy is None or not policy.plan.borrows_replicas(policy.spec):
         return None
