@@ -526,10 +526,9 @@ def _undrafted_note(ctx: _Context, est: Estimate) -> str:
 
 
 def _calibrate(ctx: _Context, est: Estimate) -> tuple[Calibration, float | None]:
-    prior = ctx.settings.prior_params()
+    # The calibrated schedule overhead prices only schedules: under plain K it changes nothing.
+    prior = ctx.settings.prior_params(ctx.state.schedule_overhead_s)
     running = ctx.running
-    if running is not None and ctx.state.schedule_overhead_s is not None:
-        prior = replace(prior, schedule_overhead_s=ctx.state.schedule_overhead_s)
     measured_as = running if running is not None else ctx.current
     lo, hi = ctx.tuning.scale_bounds
     measured = step_scale(prior, measured_as, est)

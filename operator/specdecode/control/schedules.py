@@ -1074,10 +1074,7 @@ def _model(
 def _calibrated(settings: PolicySettings, state: ControlState, scale: float, decay: float | None) -> EngineParams:
     """The prior at the step ``scale`` and ``decay``, with the schedule overhead calibrated
     so far."""
-    prior = settings.prior_params()
-    if state.schedule_overhead_s is not None:
-        prior = replace(prior, schedule_overhead_s=state.schedule_overhead_s)
-    return scaled_params(prior, scale, decay)
+    return scaled_params(settings.prior_params(state.schedule_overhead_s), scale, decay)
 
 
 def _prefill(est: Estimate, params: EngineParams) -> float:

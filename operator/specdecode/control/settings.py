@@ -201,14 +201,18 @@ class PolicySettings:
         ks = tuple(range(self.min_k, self.max_k + 1))
         return ((OFF,) + ks) if self.allow_disable else ks
 
-    def prior_params(self) -> EngineParams:
-        """The prior cost model within the spec's bounds (unknown methods: a draft model's)."""
+    def prior_params(self, schedule_overhead_s: float | None = None) -> EngineParams:
+        """The prior cost model within the spec's bounds (unknown methods: a draft model's),
+        with the per-step schedule overhead calibrated so far when given
+        (`ControlState.schedule_overhead_s`; None: the prior's)."""
         if self.prior is not None:
             base = self.prior
         elif self.method in perfmodel.METHODS:
             base = EngineParams.for_method(self.method)
         else:
             base = EngineParams.for_method("draft_model")
+        if schedule_overhead_s is not None:
+            base = replace(base, schedule_overhead_s=schedule_overhead_s)
         return replace(base, min_k=self.min_k, max_k=self.max_k, replicas=max(1, self.replicas))
 
     @classmethod
