@@ -72,12 +72,14 @@ def canary_arm(incumbent: PolicyObservations, factor: float, minute: int):
 
 def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, minutes: int, factor: float,
           workload: Workload = LOW, restart: bool = False, start: float = NOW, step_factor: float = 1.0,
-          canary_of=None):
+          canary_of=None, arriving: Optional[float] = None):
     """One evaluation a minute through `evaluation.evaluate`, the reconcile's part simulated (a
     change rendered at once, live after a rollout). ``restart``: an operator restarted before
     every evaluation, reading back only what the apiserver stored (the status's wire form).
     ``step_factor``: the running config's step time over the true model's; ``canary_of``: the
-    canary's window from the running record (default: the incumbent's, ``factor`` slower)."""
+    canary's window from the running record (default: the incumbent's, ``factor`` slower);
+    ``arriving``: requests per second arriving at the main Deployment while ``workload``'s
+    finish, with requests waiting (its replicas past their capacity)."""
     settings = PolicySettings.from_spec(spec, restart_s=ROLLOUT_S)
     results, live_at = [], None
     for minute in range(minutes):
@@ -87,6 +89,9 @@ def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, 
             status, live_at = status.model_copy(update={"speculation": effective}), None
         config = cs.from_status(status, spec, _dt(now)).config
         observed = both(workload, config, step_factor=step_factor)
+        if arriving is not None:
+            observed = replace(observed, window=_past_capacity(observed.window, arriving),
+                               guard=_past_capacity(observed.guard, arriving))
         record = running_record(status)
         canary = None
         if record is not None:
@@ -101,6 +106,13 @@ def drive(spec: api.SpecDecodeServiceSpec, status: api.SpecDecodeServiceStatus, 
             status = api.SpecDecodeServiceStatus.model_validate(status.to_wire())
         results.append((now, result))
     return results, status
+
+
+def _past_capacity(window, arriving: float):
+    """``window`` with ``arriving`` requests per second coming in and the difference to what
+    finished waiting: 10 requests a replica."""
+    gained = (arriving - window.request_rate) * window.window_s
+    return replace(window, queue_change=gained, waiting=10.0 * window.pods)
 
 
 def condition(status: api.SpecDecodeServiceStatus, type_: str) -> Optional[api.Condition]:
@@ -216,6 +228,26 @@ def test_a_promotion_waits_while_its_rollout_would_overload_the_replicas_left_se
     (promotion,) = [r for _, r in after if r.rerender]
     assert promotion.decision.rule is Rule.EXPERIMENT and [e.verdict for e in promotion.experiments_ended] == ["Promote"]
     assert promoted.speculation.enabled and promoted.speculation.k == 1
+
+
+def test_a_promotion_waits_for_what_arrives_when_the_replicas_are_past_their_capacity():
+    """Past capacity what finishes is what the replicas serve, not the load. The main
+    Deployment's two replicas finish 20 req/s (30 for the service: 71 % of what two carry,
+    below the 80 % a rollout may load them to) while 26 arrive and requests wait: the
+    rollout would meet 39 req/s, and the promotion waits for the load, in the arrivals'
+    figures. The same windows without the queue (what finishes is the load) promote."""
+    _, calm = drive(SPEC, live_status(SPEC, None), 8, factor=0.9)
+    assert running_record(calm) is not None
+    busy = Workload(20, 1000, 300, 0, 0.8)
+    peak, waiting = drive(SPEC, calm, 20, factor=0.9, workload=busy, start=NOW + 8 * MINUTE, arriving=26.0)
+    assert not any(r.rerender for _, r in peak) and waiting.speculation.enabled is False
+    record = running_record(waiting)
+    assert record is not None and record.verdict == "Running"
+    assert ("the promotion waits: at 39.00 req/s the rollout would load the replicas left serving to 92% of the "
+            "42.2 req/s they carry") in record.reason
+    steady, _ = drive(SPEC, calm, 20, factor=0.9, workload=busy, start=NOW + 8 * MINUTE)
+    (promotion,) = [r for _, r in steady if r.rerender]
+    assert [e.verdict for e in promotion.experiments_ended] == ["Promote"]
 
 
 def test_a_promotion_reached_stands_while_it_waits_for_the_load():

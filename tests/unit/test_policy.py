@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specdecode import constants, timestamps
 from specdecode.control import perfmodel
 from specdecode.api import AutotuneMode as Mode
-from specdecode.control import estimates, hedge, memory, rules, schedules
+from specdecode.control import estimates, hedge, memory, rules
 from specdecode.control import settings as control_settings
 from specdecode.control.decision import Action, ConfigPrediction, Held
 from specdecode.control.estimates import PolicyObservations
@@ -442,10 +442,14 @@ def test_past_capacity_is_requests_waiting_and_clearly_more_arriving_than_finish
     waiting is. Without a queue a window's arrivals are only its batch's swing."""
     window = observe(LOW, 3, 300)
     window = replace(window, requests=10.0 * 300, queue_change=(arriving - 10.0) * 300, waiting=waiting)
+    margin = auto().tuning.past_capacity_margin
     assert window.arrival_rate == pytest.approx(arriving)
-    assert schedules.past_capacity(window, auto().tuning) is past
+    assert window.past_capacity(margin) is past
     assert estimates.estimate(window, auto().tuning).request_rate == pytest.approx(10.0), "the load stays the finished rate"
-    assert not schedules.past_capacity(replace(window, queue_change=None), auto().tuning)
+    assert not replace(window, queue_change=None).past_capacity(margin)
+    # What a restart now would meet: the arrivals past capacity, what finishes otherwise.
+    observed = PolicyObservations.of(window, None)
+    assert observed.highest_request_rate(auto()) == pytest.approx(arriving if past else 10.0)
 
 
 # --- re-probe ------------------------------------------------------------------------------

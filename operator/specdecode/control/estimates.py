@@ -43,11 +43,17 @@ class PolicyObservations:
         return guard.request_rate if guard.requests >= max(3.0, settings.min_requests * fraction) else None
 
     def highest_request_rate(self, settings: PolicySettings) -> float:
-        """The higher of the long window's request rate and the short window's (when it
-        counts, `guard_request_rate`): the load a restart now would have to carry."""
+        """The load a restart now would have to carry: the higher of the long window's and the
+        short window's (when it counts, `guard_request_rate`), each what arrives where the
+        replicas are past their capacity and what finishes elsewhere
+        (`Observation.restart_load`)."""
         assert self.window is not None
-        recent = self.guard_request_rate(settings)
-        return self.window.request_rate if recent is None else max(self.window.request_rate, recent)
+        margin = settings.tuning.past_capacity_margin
+        load = self.window.restart_load(margin)
+        if self.guard_request_rate(settings) is None:
+            return load
+        assert self.guard is not None
+        return max(load, self.guard.restart_load(margin))
 
     @classmethod
     def unavailable(cls, message: str, reason: str = constants.REASON_METRICS_MISSING) -> "PolicyObservations":

@@ -425,7 +425,7 @@ class Observation:
     def arrival_rate(self) -> float:
         """Requests arriving per second over the window: the finished ones plus what the
         queues and batches gained (`queue_change`). Past capacity the finished rate is the
-        capacity, and alone it never shows the overload (`schedules.past_capacity`)."""
+        capacity, and alone it never shows the overload (`past_capacity`)."""
         if self.queue_change is None:
             return self.request_rate
         return max(0.0, self.requests + self.queue_change) / self.window_s
@@ -442,6 +442,23 @@ class Observation:
         what they can serve, not the load)."""
         return (not self.idle and self.waiting is not None and self.pods > 0
                 and self.waiting / self.pods >= QUEUED_PER_REPLICA)
+
+    def past_capacity(self, margin: float) -> bool:
+        """Requests wait (`queued`) and ``margin`` more arrive than finish: what finishes is
+        the replicas' capacity, not the load. Without a queue a window's arrivals are only
+        noisier than its finished requests. The policy's load stays the finished rate: read as
+        the load everywhere, the arrivals lost on held-back scenarios (README, session 31); a
+        restart's load reads them (`restart_load`)."""
+        if self.queue_change is None or not self.queued:
+            return False
+        return self.arrival_rate >= (1.0 + margin) * self.request_rate
+
+    def restart_load(self, margin: float) -> float:
+        """Requests per second a restart now would leave to the replicas left serving: what
+        arrives when the replicas are past their capacity (`past_capacity`), else what
+        finishes. Past capacity the finished rate is what the replicas serve, and a restart
+        judged on it would be judged against less than the load it meets."""
+        return self.arrival_rate if self.past_capacity(margin) else self.request_rate
 
     @property
     def batch_per_pod(self) -> float | None:

@@ -42,7 +42,7 @@ rules (`rules.decide`) have decided:
    hard rule) and the bounds still act, and leave the schedule for plain K. So do tuning,
    the SLO guard and the fast fallback when the service is past its capacity at a batch the
    schedule drafts more than their target (`_past_capacity`: more requests arrive than
-   finish, `past_capacity`): a schedule chosen before a peak may draft through it,
+   finish, `Observation.past_capacity`): a schedule chosen before a peak may draft through it,
    and the peak then finds it no better than a plain K; it is remembered as rejected. For
    ``CHECK_EVALUATIONS`` evaluations from the first full window after its warm-up, the
    rollout is checked: the measured engine time per output token against what the plain K
@@ -89,7 +89,7 @@ from specdecode.control.memory import remember, stored
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, EngineParams, Schedule
 from specdecode.control.schedule_support import unsupported_reason
-from specdecode.control.settings import PolicySettings, PolicyTuning
+from specdecode.control.settings import PolicySettings
 from specdecode.control.state import ControlState, PlainBaseline, PlainPoint, stored_batch, stored_point
 
 ADOPT_GAIN = 0.03
@@ -873,14 +873,14 @@ def _past_capacity(
     settings: PolicySettings, observed: Any, schedule: Schedule, target: perfmodel.Config
 ) -> str | None:
     """What shows the replicas past their capacity while ``schedule`` drafts more at their
-    batch than ``target`` would (`past_capacity` on the long window and the guard
+    batch than ``target`` would (`Observation.past_capacity` on the long window and the guard
     window, both with a queue), for a reason; None when they are not, when the windows cannot
     say, or when the schedule drafts no more than the target there (a restart would add no
     capacity)."""
     if not getattr(observed, "available", False):
         return None
     windows = (observed.window, observed.guard)
-    if any(obs is None or not past_capacity(obs, settings.tuning) for obs in windows):
+    if any(obs is None or not obs.past_capacity(settings.tuning.past_capacity_margin) for obs in windows):
         return None
     batch = observed.window.batch_per_pod
     if batch is None or schedule.k_at(batch) <= perfmodel.config_max_k(target):
@@ -888,17 +888,6 @@ def _past_capacity(
     obs = observed.window
     return (f"{obs.arrival_rate:.1f} req/s arrive and {obs.request_rate:.1f} finish, "
             f"{obs.waiting / obs.pods:.0f} requests waiting per replica")
-
-
-def past_capacity(obs: Observation, tuning: PolicyTuning) -> bool:
-    """Requests wait (`Observation.queued`) and more arrive than finish, by
-    ``past_capacity_margin``: what finishes is the replicas' capacity, not the load. Without a
-    queue a window's arrivals are only noisier than its finished requests. The policy's load
-    stays the finished rate: read as the load everywhere, the arrivals lost on held-back
-    scenarios (README, session 31)."""
-    if obs.queue_change is None or not obs.queued:
-        return False
-    return obs.arrival_rate >= (1.0 + tuning.past_capacity_margin) * obs.request_rate
 
 
 def _finished_short(obs: Observation, plain_serves: float) -> float | None:

@@ -40,7 +40,8 @@ class PolicyTuning:
     past_capacity_margin: float = 0.1
     """Requests arriving this much above those finishing (`Observation.arrival_rate`), with a
     queue, in both windows, show a schedule's replicas past their capacity
-    (`schedules.past_capacity`)."""
+    (`Observation.past_capacity`), and what arrives is then the load a restart meets
+    (`Observation.restart_load`)."""
     payback_horizon_s: float = 3600.0
     """A change decided on the long window must repay its restart price within this time
     (the conditions of a full window are assumed to last about an hour)."""
