@@ -19,7 +19,7 @@ from specdecode.control.decision import Action, ConfigPrediction, Held
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import HistoryEntry, history_entry
 from specdecode.control.settings import PolicySettings
-from specdecode.control.state import ControlState as PolicyState
+from specdecode.control.state import Cause, ControlState as PolicyState
 from specdecode.control.metrics import ConfigKey, Observation, SpeculationCounts
 from specdecode.control.perfmodel import OFF, EngineParams, Workload
 
@@ -853,6 +853,30 @@ def test_a_load_that_more_than_doubled_is_insured_before_it_steps_past_the_zone(
     assert gentle.action is Action.HOLD and gentle.k == 3 and gentle.rule != "hedge"
     young = rules.decide(settings, on(3, since=NOW - 600, live=NOW - 500), _with_trend(observed, 3.0), (), NOW)
     assert young.rule != "hedge" and young.k == 3
+
+
+def test_a_new_service_buys_no_insurance_against_its_own_first_traffic():
+    """A service created 14 minutes ago serves 16.6 req/s, in the hedge's zone. Its
+    30-minute trend window reaches 16 minutes back before its traffic began and reads 7.7
+    req/s: a rise of 116 %, which is only the traffic starting. No hedge, and the hold says
+    why. The same windows hedge a trend window after the service began (the load did double
+    within the half hour), or 14 minutes after a config the policy chose on a service that
+    served before (its trend window spans every config), or after a new declaration on such
+    a service (its history goes back further)."""
+    settings = auto(max_surge=0)
+    observed = _with_trend(both(Workload(16.6, 1000, 300, 0, 0.8), 3), 7.7)
+    new = replace(on(3, since=NOW - 840, live=NOW - 780), cause=Cause.DECLARED)
+    held = rules.decide(settings, new, observed, (), NOW)
+    assert held.action is Action.HOLD and held.k == 3 and held.rule != "hedge"
+    assert ("but the service began 14.0min ago: its 30.0min trend window reads the time before its "
+            "traffic, and a rise from none is no rise") in held.reason
+    older = replace(new, since=NOW - 2400, live_since=NOW - 2340)
+    assert rules.decide(settings, older, observed, (), NOW).rule == "hedge"
+    chosen = replace(new, cause=Cause.POLICY)
+    assert rules.decide(settings, chosen, observed, (), NOW).rule == "hedge"
+    served_before = (HistoryEntry(NOW - 5000, Action.SET_K, 2, 3, "tune"),)
+    redeclared = replace(new, history=served_before)
+    assert rules.decide(settings, redeclared, observed, served_before, NOW).rule == "hedge"
 
 
 @pytest.mark.parametrize(

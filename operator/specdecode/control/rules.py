@@ -77,9 +77,12 @@ Order of the rules (the first that applies decides):
    future outweighs the mean e2e it costs at today's load over the payback horizon, restart
    included (`hedge_outlook`, weights ``hedge_rise_prior``), and only while the load is
    rising: the long window's request rate ``hedge_min_rise`` above the trend window's (half
-   an hour or more; a load that sits in the zone buys no insurance). Release: no tuning move or
-   re-probe goes to a config with less capacity while the load on either window is above
-   ``hedge_release`` of the rollout capacity and the hedge would send it back at once.
+   an hour or more; a load that sits in the zone buys no insurance). A new service's first
+   trend window reaches back before its traffic began, and its rise from none is no rise:
+   no hedge until the service has served a trend window (`_trend_predates_traffic`).
+   Release: no tuning move or re-probe goes to a config with less capacity while the load
+   on either window is above ``hedge_release`` of the rollout capacity and the hedge would
+   send it back at once.
 9. Tuning: the best config by predicted score; act only when it beats the current one by the
    hysteresis margin at the point estimate, is no worse at every corner of the confidence box
    (alpha +- z*sigma, request rate +- z*sigma), survives a return of acceptance to its
@@ -160,7 +163,7 @@ from specdecode.control.explain import (
 from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, hedge_outlook, overloading_rollout
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
-from specdecode.control.state import ControlState, bounded
+from specdecode.control.state import Cause, ControlState, bounded
 from specdecode.control.metrics import Observation
 from specdecode.control.perfmodel import OFF, Schedule
 
@@ -937,6 +940,20 @@ def _window_rates(ctx: _Context, est: Estimate) -> tuple[float, float]:
     return low, high
 
 
+def _trend_predates_traffic(ctx: _Context) -> bool:
+    """Whether the trend window may reach back before the service's traffic began: its first
+    config (the declared one, nothing in history before it) was chosen less than a trend
+    window ago. Prometheus divides the requests of a counter born inside the window by the
+    whole window, so a load steady since its first minute reads as a rise (in
+    `gen-6-04-stationary` a hedge 11 minutes after creation gave up the day's best config).
+    A new declaration on a service that served before keeps its history: its trend window
+    is the service's, and counts."""
+    state = ctx.state
+    if state.cause is not Cause.DECLARED or ctx.now - state.since >= ctx.settings.trend_window_s:
+        return False
+    return not any(entry.time < state.since for entry in state.history)
+
+
 def _load_rise(ctx: _Context, est: Estimate) -> float | None:
     """How far the long window's request rate is above the trend window's (relative; < 0:
     falling); None when the trend window was not read or saw no request."""
@@ -1154,6 +1171,14 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
             f"but the load is not rising ({rise:+.0%} over the "
             f"{fmt_s(s.trend_window_s)} window's {ctx.observed.trend_rate:.2f} req/s, "
             f"{t.hedge_min_rise:.0%} needed)"
+        )
+        hedge = None
+    if hedge is not None and _trend_predates_traffic(ctx):
+        unneeded = (
+            f"; in the capacity hedge's zone ({low:.2f} req/s near the "
+            f"{hedge.rollout_capacity_rps:.1f} req/s the replicas left serving during a rollout carry), "
+            f"but the service began {fmt_s(ctx.now - ctx.state.since)} ago: its {fmt_s(s.trend_window_s)} "
+            f"trend window reads the time before its traffic, and a rise from none is no rise"
         )
         hedge = None
     # The short window's acceptance when it moved confidently away from the long window's
