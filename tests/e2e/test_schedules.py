@@ -58,9 +58,9 @@ def test_a_version_without_tables_runs_plain_k_and_says_why(cluster, kube_api, o
 # --- a table in effect: load swings without restarts; an operator-chosen schedule reverted -------
 #
 # Schedules the operator chooses (autotune.schedules Auto) are rarely worth their restart with
-# the shipped prior (README, "The policy with schedules"): every step under a table pays the
-# schedule's overhead, and a K 0 step the speculation bookkeeping too (~2 % of the step at
-# batch 300 here), which near saturation, where a surge's move to off is decided, is ~6.6 % of
+# the shipped prior (the benchmark's journal, "The policy with schedules"): every step under a
+# table pays the schedule's overhead, and a K 0 step the speculation bookkeeping too (~2 % of
+# the step at batch 300 here), which near saturation, where a surge's move to off is decided, is ~6.6 % of
 # e2e against off: instead of that move a schedule does not pass its 2 % check. The penalty story
 # uses where one pays: an n-gram proposer (no draft memory) on a GPU 4.5 times slower than the
 # prior's fit (the overhead is small against the step; 4.5 is inside the step scale's clamp),

@@ -447,8 +447,8 @@ class Observation:
         """Requests wait (`queued`) and ``margin`` more arrive than finish: what finishes is
         the replicas' capacity, not the load. Without a queue a window's arrivals are only
         noisier than its finished requests. The policy's load stays the finished rate: read as
-        the load everywhere, the arrivals lost on held-back scenarios (README, session 31); a
-        restart's load reads them (`restart_load`)."""
+        the load everywhere, the arrivals lost on held-back scenarios (the benchmark's
+        journal, session 31); a restart's load reads them (`restart_load`)."""
         if self.queue_change is None or not self.queued:
             return False
         return self.arrival_rate >= (1.0 + margin) * self.request_rate
