@@ -1162,27 +1162,28 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     reach, high_reach = _reach(low, rise, steep), _reach(high, rise, steep)
     hedge = best_hedge(calibration, est, current, preds, s, reach, t.hedge_zone, high)
     unneeded = ""
-    no_rise = None
-    if hedge is not None and rise is not None and rise < t.hedge_min_rise:
-        # Insurance against a rise is bought while the load rises; one that sits in the zone
-        # would pay the premium every day for a rise nothing shows.
-        no_rise = (
-            f"the load is not rising ({rise:+.0%} over the "
-            f"{fmt_s(s.trend_window_s)} window's {ctx.observed.trend_rate:.2f} req/s, "
-            f"{t.hedge_min_rise:.0%} needed)"
-        )
-    elif hedge is not None and _trend_predates_traffic(ctx):
-        no_rise = (
-            f"the service began {fmt_s(ctx.now - ctx.state.since)} ago: its {fmt_s(s.trend_window_s)} "
-            f"trend window reads the time before its traffic, and a rise from none is no rise"
-        )
-    if hedge is not None and no_rise is not None:
-        unneeded = (
-            f"; in the capacity hedge's zone ({low:.2f} req/s near the "
-            f"{hedge.rollout_capacity_rps:.1f} req/s the replicas left serving during a rollout carry), "
-            f"but {no_rise}"
-        )
-        hedge = None
+    if hedge is not None:
+        no_rise = None
+        if rise is not None and rise < t.hedge_min_rise:
+            # Insurance against a rise is bought while the load rises; one that sits in the
+            # zone would pay the premium every day for a rise nothing shows.
+            no_rise = (
+                f"the load is not rising ({rise:+.0%} over the "
+                f"{fmt_s(s.trend_window_s)} window's {ctx.observed.trend_rate:.2f} req/s, "
+                f"{t.hedge_min_rise:.0%} needed)"
+            )
+        elif _trend_predates_traffic(ctx):
+            no_rise = (
+                f"the service began {fmt_s(ctx.now - ctx.state.since)} ago: its {fmt_s(s.trend_window_s)} "
+                f"trend window reads the time before its traffic, and a rise from none is no rise"
+            )
+        if no_rise is not None:
+            unneeded = (
+                f"; in the capacity hedge's zone ({low:.2f} req/s near the "
+                f"{hedge.rollout_capacity_rps:.1f} req/s the replicas left serving during a rollout carry), "
+                f"but {no_rise}"
+            )
+            hedge = None
     # The short window's acceptance when it moved confidently away from the long window's
     # (None: it did not); rising, it is a recovery the long window has not caught up with.
     shift = _alpha_shift(ctx, est)
