@@ -1351,6 +1351,46 @@ class Recommendation(StatusModel):
     at: Optional[str] = Field(None, description="When it was computed (RFC 3339).", max_length=64)
 
 
+class LoadHistory(StatusModel):
+    """The service's request rate per bucket over about the last day: what the plan's forecast
+    is made from (kept here so that a restarted operator forecasts as the old one did)."""
+
+    start: Optional[str] = Field(None, description="Start of the first bucket (RFC 3339).", max_length=64)
+    bucket_seconds: int = Field(600, description="Length of one bucket, seconds.")
+    rates: list[Optional[float]] = Field(
+        default_factory=list,
+        description="Requests per second arriving in each bucket (the long window's rate at the first "
+        "evaluation inside it), oldest first; null where no evaluation saw the service.",
+        max_length=160,
+    )
+
+
+class PlanStatus(StatusModel):
+    """The plan the last evaluation made: what it expects and what it would run when. Only its
+    first slot is acted on; the next evaluation plans again on newer metrics."""
+
+    at: Optional[str] = Field(None, description="When it was made (RFC 3339).", max_length=64)
+    configs: list[str] = Field(
+        default_factory=list, description="The config planned for each slot (off, K=<k>, or a schedule).",
+        max_length=16,
+    )
+    slot_seconds: list[int] = Field(default_factory=list, description="Length of each slot, seconds.", max_length=16)
+    forecast_request_rate: list[float] = Field(
+        default_factory=list, description="The request rate the forecast expects in each slot.", max_length=16,
+    )
+    forecast_method: Optional[str] = Field(
+        None,
+        description="seasonal (the load repeats its history with periodSeconds), trend (the present with its "
+        "rise or fall) or present (the load stays).", max_length=16,
+    )
+    period_seconds: Optional[int] = Field(None, description="The period a seasonal forecast follows.")
+    gain: Optional[float] = Field(
+        None,
+        description="How much better the plan scores than the best plan that keeps the running config now "
+        "(0: it keeps it; a move needs autotune's hysteresis).",
+    )
+
+
 class DecisionRecord(StatusModel):
     """One change (or recommended change) of speculation."""
 
@@ -1498,6 +1538,8 @@ class SpecDecodeServiceStatus(StatusModel):
     speculation: Optional[EffectiveSpeculation] = Field(None, description="Speculation in effect.")
     observations: Optional[Observations] = Field(None, description="Last evaluation's metrics.")
     recommendation: Optional[Recommendation] = Field(None, description="The policy's current advice.")
+    plan: Optional[PlanStatus] = Field(None, description="The plan behind the advice: forecast and configs per slot.")
+    load_history: Optional[LoadHistory] = Field(None, description="Request rate per bucket of about the last day.")
     history: list[DecisionRecord] = Field(
         default_factory=list,
         description=f"Last {C.MAX_DECISION_HISTORY} decisions, newest last.",

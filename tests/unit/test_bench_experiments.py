@@ -66,7 +66,7 @@ def test_a_worse_canary_costs_the_score_and_the_truth_says_it_was_worse():
     served = [s for s in segments if s.candidate_replicas]
     assert served and all(s.candidate == OFF and s.candidate_worse for s in served)
     assert sum(s.duration for s in served) == pytest.approx(2400.0 - 780.0)
-    assert engine.Axes.of(segments).latency > engine.Axes.of(static).latency
+    assert engine.axes_of(segments).latency > engine.axes_of(static).latency
     # A better candidate is not "worse" (off against K=3 at acceptance 0.8 is the other way round).
     better = engine.evaluate_schedule(
         scenario, evaluator, [engine.Serving(0.0, OFF, 2), *engine.canary_start(600.0, OFF, 3, 2, 1, 1, 180.0)]

@@ -50,6 +50,11 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         help="the policy with canary experiments (issue #15) on (the API's default), off, or both side by "
         "side (compare; the headline tables show experiments on) (default: %(default)s)",
     )
+    p.add_argument(
+        "--policy", choices=("rules", "planner"), default="rules",
+        help="how the policy tunes: the rules (the default) or the receding-horizon planner "
+        "(autotune's planner mode) (default: %(default)s)",
+    )
     p.set_defaults(func=run_bench_policy)
 
     t = bench_sub.add_parser(
@@ -66,6 +71,8 @@ def _bench(sub: argparse._SubParsersAction) -> None:
                    help="simulated time between lines when nothing changes (default: %(default)s)")
     t.add_argument("--experiments", choices=("on", "off"), default="on",
                    help="the policy with canary experiments on (the API's default) or off (default: %(default)s)")
+    t.add_argument("--policy", choices=("rules", "planner"), default="rules",
+                   help="the rules (the default) or the receding-horizon planner (default: %(default)s)")
     t.set_defaults(func=run_bench_trace)
 
     f = bench_sub.add_parser(
@@ -151,7 +158,8 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         def done(result) -> None:
             progress.update(task, advance=1, description=f"{result.name} ({result.elapsed_s:.0f}s)")
 
-        results = suite.run_suite(paths, jobs=args.jobs, on_done=done, experiments=args.experiments)
+        results = suite.run_suite(paths, jobs=args.jobs, on_done=done, experiments=args.experiments,
+                                  planner=args.policy == "planner")
     summary = suite.summarize(results)
 
     out = Path(args.out)
@@ -194,7 +202,8 @@ def run_bench_trace(args: argparse.Namespace) -> int:
         for line in lines.lines(t, result):
             print(line)
 
-    policy = run.run_policy(scenario, experiments=args.experiments == "on", on_evaluation=show)
+    settings = run.policy_settings(scenario, experiments=args.experiments == "on", planner=args.policy == "planner")
+    policy = run.run_policy(scenario, settings, experiments=args.experiments == "on", on_evaluation=show)
     print(f"{len(policy.changes)} change(s) of config, {len(policy.experiments)} canary experiment(s)")
     return 0
 

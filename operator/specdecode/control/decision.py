@@ -49,7 +49,14 @@ class Rule(StrEnum):
     calm to one no slower now that does (`rules._ready_for_peak`). Applied at once, as a
     hedge: a canary at the calm could only measure the claim the move does not make (that
     the new config is faster there), and would end without a clear difference."""
+    PLAN = "plan"
+    """(`autotune` planner mode, `PolicyTuning.planner`) A move the plan is sure of: it wins at the pessimistic end of what the model is unsure
+    of (acceptance at its confidence bound, the unmeasured config's step slower than
+    predicted). Applied at once: a canary would buy information the plan does not need."""
     TUNE = "tune"
+    """A tuning move. In planner mode: one the plan prefers at its estimates but not at their
+    pessimistic end; where canary experiments are on, it is tested on a canary first (value
+    of information)."""
     HOLD = "hold"
     COOLDOWN = "cooldown"
     BUDGET = "budget"
@@ -64,7 +71,8 @@ class Rule(StrEnum):
 CANARIED_RULES = frozenset({Rule.TUNE, Rule.REPROBE, Rule.SCHEDULE})
 """Moves the model predicts that are tested on a canary first (Auto mode, a plan without a
 blocker): a tuning move, a re-probe, a per-batch-size K schedule adopted or replaced; every
-other change (the floor, the guards, bounds, hedges, a schedule's revert) applies at once."""
+other change (the floor, the guards, bounds, hedges, a move the plan is sure of, a schedule's
+revert) applies at once."""
 FLOOR_RULES = frozenset({Rule.FLOOR, Rule.COLLAPSE})
 """The acceptance floor on the long (floor) and the short (collapse) window: the user's hard
 rule, no restart price."""
@@ -143,6 +151,34 @@ class ConfigPrediction:
 
 
 @dataclass(frozen=True)
+class PlanSummary:
+    """The plan a decision rests on, as status shows it (`status.plan`)."""
+
+    configs: tuple[str, ...]
+    """The config planned for each slot (`config_label`)."""
+    slot_s: tuple[float, ...]
+    forecast_rps: tuple[float, ...]
+    """The request rate forecast for each slot."""
+    forecast_method: str
+    """"seasonal", "trend" or "present" (`forecast`)."""
+    period_s: float | None
+    gain: float
+    """Headline-score gain of the chosen plan over the best plan that keeps the running
+    config now (0 when it keeps it)."""
+
+    def to_status(self, now: float) -> dict[str, Any]:
+        return {
+            "at": timestamps.rfc3339(now),
+            "configs": list(self.configs),
+            "slotSeconds": [round(s) for s in self.slot_s],
+            "forecastRequestRate": [round(r, 4) for r in self.forecast_rps],
+            "forecastMethod": self.forecast_method,
+            "periodSeconds": None if self.period_s is None else round(self.period_s),
+            "gain": round(self.gain, 4) if math.isfinite(self.gain) else None,
+        }
+
+
+@dataclass(frozen=True)
 class Decision:
     """What to do, why, and what the status conditions should say."""
 
@@ -179,6 +215,9 @@ class Decision:
     predicted_effect: float | None = None
     """A schedule's: the model's relative change of time per token against the running config
     at today's load (-0.02: 2 % faster); its canary is judged against it (`experiments.judge`)."""
+    plan: PlanSummary | None = None
+    """The planner's plan this decision followed or held by (None: no plan was made, e.g. a
+    guard, the floor or a hold for missing metrics decided)."""
     below_floor: bool = False
     """The short (guard) window showed acceptance confidently below the floor in this
     evaluation: the collapse guard's evidence, remembered (`ControlState.below_floor_since`)

@@ -162,7 +162,10 @@ def apply_decision(
     events.extend(experiment_events(started, ended, decision.reason))
     if new_status.experiments:
         conds = experimenting_condition(conds, new_status.experiments[-1], now, generation)
-    new_status = new_status.model_copy(update={"conditions": conds, "recommendation": recommendation})
+    plan = status.plan
+    if decision.plan is not None:
+        plan = api.PlanStatus.model_validate(decision.plan.to_status(epoch))
+    new_status = new_status.model_copy(update={"conditions": conds, "recommendation": recommendation, "plan": plan})
     return EvaluationResult(new_status, decision, tuple(events), rerender, started, ended)
 
 
@@ -265,6 +268,13 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?")
 def _material(status: api.SpecDecodeServiceStatus, rule_changed: bool) -> dict:
     wire = status.to_wire()
     wire.pop("observations", None)
+    # The plan's forecast and the load history move a little at every evaluation: what the
+    # plan runs when is material, and the history once an hour (a restarted operator then
+    # forecasts from all but the last hour); the rest rides along with the next write.
+    plan = wire.pop("plan", None)
+    wire["plan"] = None if plan is None else plan.get("configs")
+    history = wire.pop("loadHistory", None)
+    wire["loadHistory"] = None if history is None else (history.get("start"), len(history.get("rates") or []) // 6)
     speculation = wire.get("speculation")
     if speculation and speculation.get("scheduleReason"):
         # Why no schedule is adopted quotes today's figures ("2.8% per token saved ...");

@@ -1551,6 +1551,19 @@ def evaluate_phase(
     )
 
 
+def outage(
+    params: EngineParams, workload: Workload, k: Config, duration_s: float, initial_queue: float = 0.0
+) -> tuple[float, float, float]:
+    """(mean e2e, P95 e2e, queue at the end) of a stretch where no replica serves (a rollout
+    of one replica without a surge): arrivals wait half the stretch on average, and the
+    backlog ahead of them at one replica's capacity, then get one replica's service time."""
+    one = steady_state(params, workload, k, 1)
+    service = one.service_s if math.isfinite(one.service_s) else 0.0
+    drain = initial_queue / one.capacity_rps if one.capacity_rps > 0 else duration_s
+    return (duration_s / 2.0 + drain + service, duration_s + drain + service,
+            initial_queue + workload.request_rate * duration_s)
+
+
 def _capped(
     params: EngineParams, workload: Workload, k: int, replicas: int | None, steady: SteadyState
 ) -> SteadyState:

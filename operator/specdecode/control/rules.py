@@ -160,7 +160,9 @@ from specdecode.control.estimates import (
 from specdecode.control.explain import (
     describe_hedge, fmt_alpha, fmt_pct, fmt_s, fmt_x, label, shut_way_out, summary,
 )
+from specdecode.control.forecast import Forecast, forecast
 from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, hedge_outlook, overloading_rollout
+from specdecode.control.planning import SLOTS, plan_now
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import Cause, ControlState, bounded
@@ -218,6 +220,17 @@ class _Context:
         if not self.memory.in_probe or live is None or promoted_lately(self.state):
             return False
         return self.now < live + self.settings.warmup_s + self.settings.window_s
+
+    def forecast(self, est: Estimate) -> Forecast:
+        """The load the plan expects in each of its slots (`forecast.forecast`), from the load
+        arriving now (past capacity: what arrives, not what finishes) and the history."""
+        key = ("forecast", id(est))
+        if key not in self._computed:
+            load = self.observed.highest_request_rate(self.settings)
+            # A trend window that reaches back before the traffic began reads a rise from none.
+            trend = None if _trend_predates_traffic(self) else self.observed.trend_rate
+            self._computed[key] = (est, forecast(self.state.load_history, self.now, load, trend, SLOTS))
+        return self._computed[key][1]
 
     def allowed(self) -> tuple[int, ...]:
         return tuple(k for k in self.settings.configs() if k not in self.state.excluded_ks or k == OFF)
@@ -328,6 +341,8 @@ def _decide_on_windows(ctx: _Context, below_floor: bool) -> Decision:
                 )
                 return _change(ctx, target, Rule.FLOOR, reason, preds, flags, est, scale, guard=True)
 
+    if ctx.tuning.planner:
+        return _reprobe_planned(ctx, est, flags) if not state.enabled else _tune_planned(ctx, est, flags)
     if not state.enabled:
         return _reprobe(ctx, est, flags)
 
@@ -1287,6 +1302,154 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     return _change(ctx, best, Rule.TUNE, reason, preds, flags, est, scale, guard=False)
 
 
+# --- planner mode (`PolicyTuning.planner`): the receding-horizon plan decides tuning and re-probes
+
+
+def _reprobe_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    calibration, scale = ctx.calibrated(est)
+    s, t, memory = ctx.settings, ctx.tuning, ctx.memory
+    # The first failed probe may have met the tail of a dip: only repeated failures back off.
+    # A draft never seen above the floor counts as one failure already (probing it is a
+    # long shot); one seen paying before gets the plain interval.
+    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
+    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
+    backoff = min(t.reprobe_backoff_max, 2**exponent)
+    interval = s.reprobe_interval_s * backoff
+    off_since = ctx.state.since
+    remembered = memory.best_alpha
+    alpha = max(remembered or 0.0, t.default_probe_alpha)
+    ks = [k for k in ctx.allowed() if k != OFF]
+    preds = predict(calibration, est, ks + [OFF], OFF, s, alpha=alpha)
+    wait = off_since + interval - ctx.now
+    if wait > 0:
+        extra = ""
+        if backoff > 1:
+            why = [f"after {memory.failed_probes} failed probes"] if memory.failed_probes else []
+            why += ["acceptance never seen above the floor"] if never_good else []
+            extra = f" (x{backoff}: {', '.join(why)})"
+        return _make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in "
+            f"{fmt_s(wait)}{extra}",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        )
+    if not ks:
+        return _make(ctx, Action.HOLD, None, Rule.HOLD, "no speculative config is allowed",
+                     metrics=flags, predictions=preds, est=est, scale=scale)
+    # The probe is planned like any move, at a slightly lower acceptance than remembered (a
+    # probe that fails costs two restarts): the plan prices its restarts, the forecast's
+    # peaks and a config that could not carry them.
+    conservative = max(0.0, alpha - t.probe_alpha_discount)
+    planned = plan_now(calibration, est, s, OFF, ctx.allowed(), ctx.forecast(est), alpha=conservative)
+    if remembered is not None and remembered >= t.default_probe_alpha:
+        source = f"remembered alpha {remembered:.2f}"
+    else:
+        source = f"assumed alpha {alpha:.2f}"
+    if planned.first == OFF or planned.plan.gain < t.min_gain:
+        return replace(_make(
+            ctx, Action.HOLD, None, Rule.HOLD,
+            f"re-probe due, but with {source} (planned at {conservative:.2f}) speculation would not pay: "
+            f"{planned.describe(OFF)}; staying off at {est.request_rate:.2f} req/s",
+            metrics=flags, predictions=preds, est=est, scale=scale,
+        ), plan=planned.summary(OFF))
+    probe_k = int(planned.first)
+    reason = (
+        f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} {planned.describe(OFF)}; "
+        f"K={probe_k} predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
+    )
+    decision = _change(ctx, probe_k, Rule.REPROBE, reason, preds, flags, est, scale, guard=False, alpha=alpha,
+                       priced=True)
+    return replace(decision, plan=planned.summary(OFF))
+
+
+def _tune_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
+    """Tuning: the planner's first move (`planning.plan_now`) over the forecast of the
+    service's own load, restarts and queues included; a move must improve the plan's
+    headline score by the hysteresis (``min_gain``) against the best plan that keeps the
+    running config now."""
+    calibration, scale = ctx.calibrated(est)
+    s, t = ctx.settings, ctx.tuning
+    current = ctx.current
+    preds = predict(calibration, est, ctx.allowed(), current, s)
+    context = (
+        f"at {est.request_rate:.2f} req/s (batch {est.batch_per_replica or 0:.0f}/replica), "
+        f"alpha {fmt_alpha(est)} over {est.draft_tokens:.0f} drafted tokens"
+    )
+    planned = plan_now(calibration, est, s, current, ctx.allowed(), ctx.forecast(est))
+    summary_ = planned.summary(current)
+    target = planned.first
+    if target == current or planned.plan.gain < t.min_gain:
+        why = "" if target == current else f" (the move to {label(target)} gains less than {t.min_gain:.0%})"
+        held = _make(ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+                     f"{planned.describe(current)}{why}: keeping {ctx.state.config_label} {context}",
+                     metrics=flags, predictions=preds, est=est, scale=scale)
+        return replace(held, plan=summary_)
+    reason = f"{planned.describe(current)}; predicted {summary(preds, (int(target), current))} {context}"
+    futures = _other_futures(ctx, calibration, est, current, int(target))
+    if futures:
+        # The move was planned for one future; it is worth what it gains on average over
+        # that one and the others that are as plausible (each gain clipped to +-100 %: an
+        # overload avoided in one future must not buy any loss in the others).
+        gains = [planned.plan.gain] + [gain for _, gain in futures]
+        worth = math.fsum(max(-1.0, min(1.0, g)) for g in gains) / len(gains)
+        if worth < t.min_gain:
+            others = "; ".join(f"{what}: {gain:+.1%}" for what, gain in futures)
+            held = _make(ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
+                         f"{planned.describe(current)}, but {others} (worth {worth:+.1%} on average, "
+                         f"{t.min_gain:.0%} needed): keeping {ctx.state.config_label} {context}",
+                         metrics=flags, predictions=preds, est=est, scale=scale)
+            return replace(held, plan=summary_)
+    # Value of information: a move that needs the model's point estimates is measured on a
+    # canary first, where canaries are on and the replicas left serving carry its start.
+    canary = (s.experiments is not None and not _sure(ctx, calibration, est, current, int(target))
+              and overloading_rollout(calibration, est, (current, int(target)), s,
+                                      ctx.observed.highest_request_rate(s)) is None)
+    if canary:
+        reason += "; the move does not win where the model is unsure (acceptance at its bound, the new config's step slower than predicted)"
+    rule = Rule.TUNE if canary else Rule.PLAN
+    decision = _change(ctx, int(target), rule, reason, preds, flags, est, scale, guard=False, priced=True)
+    return replace(decision, plan=summary_)
+
+
+def _other_futures(
+    ctx: _Context, calibration: Calibration, est: Estimate, current: int, target: int
+) -> list[tuple[str, float]]:
+    """What moving to ``target`` now gains in the futures the plan did not plan for but that
+    are as plausible: the present load staying (where the forecast sees a trend or a cycle),
+    and acceptance returning to its recent low (`ControlState.recent_low_alpha`, when it lies
+    ``reversion_min_drop`` below today's: bursty n-gram traffic lures K up for as long as a
+    burst lasts)."""
+    s, t = ctx.settings, ctx.tuning
+    expected = ctx.forecast(est)
+    out = []
+    if expected.method != "present":
+        load = expected.rates[0] if expected.method == "seasonal" else ctx.observed.highest_request_rate(s)
+        present = Forecast(tuple(load for _ in SLOTS), "present")
+        out.append((f"should the load stay at {load:.3g} req/s the move gains",
+                    plan_now(calibration, est, s, current, ctx.allowed(), present).move_gain(target)))
+    low = ctx.state.recent_low_alpha
+    if est.alpha is not None and low is not None and low <= est.alpha - t.reversion_min_drop:
+        at_low = plan_now(calibration, est, s, current, ctx.allowed(), expected, alpha=low)
+        out.append((f"should acceptance return to its recent low {low:.2f} it gains", at_low.move_gain(target)))
+    return out
+
+
+def _sure(ctx: _Context, calibration: Calibration, est: Estimate, current: int, target: int) -> bool:
+    """Whether the plan still moves to ``target`` at the pessimistic end of what it is unsure
+    of: acceptance at its confidence bound on the side that favours staying (lower for more
+    drafting, higher for less) and ``target``'s step ``unmeasured_step_tolerance`` slower than
+    predicted (the running config calibrates the model; the target's cost is the prior's shape
+    carried over). A move that needs the point estimates is worth a canary's measurement."""
+    t = ctx.tuning
+    alpha, stderr = est.alpha, est.alpha_stderr
+    if alpha is not None and stderr is not None:
+        shift = t.confidence_z * stderr
+        alpha = max(0.0, alpha - shift) if target > current else min(0.995, alpha + shift)
+    slowed = calibration.slowed(target, 1.0 + t.unmeasured_step_tolerance)
+    planned = plan_now(slowed, est, ctx.settings, current, ctx.allowed(), ctx.forecast(est), alpha=alpha)
+    return planned.first == target and planned.plan.gain >= t.min_gain
+
+
 # --- assembling decisions ------------------------------------------------------------------
 
 
@@ -1335,12 +1498,14 @@ def _change(
     guard: bool,
     alpha: float | None = None,
     price_allowance: float = 0.0,
+    priced: bool = False,
 ) -> Decision:
     """A change to ``target``, unless the restart price, cooldown or budget forbids it.
 
     ``alpha`` is the acceptance the predictions assumed (a re-probe's), default the estimate's.
     ``price_allowance``: the latency the move may cost over the payback horizon, restart
-    included (a move whose worth the horizon does not see: `_ready_for_peak`).
+    included (a move whose worth the horizon does not see: `_ready_for_peak`). ``priced``:
+    the move comes from the planner, which priced its restart over the whole horizon already.
     """
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
     current = ctx.current
@@ -1387,7 +1552,8 @@ def _change(
     # (the user's hard rule, rules "floor" and "collapse", held back only by an overloading
     # rollout, above) and hedges (priced by hedge_outlook against a rising load).
     if (
-        rule not in FLOOR_RULES | {Rule.BOUNDS, Rule.HEDGE}
+        not priced
+        and rule not in FLOOR_RULES | {Rule.BOUNDS, Rule.HEDGE}
         and est is not None
         and current in pred_map
         and target in pred_map

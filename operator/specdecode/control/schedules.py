@@ -130,11 +130,11 @@ OVERHEAD_BOUNDS = (0.0, 0.05)
 KEPT_RULES = FLOOR_RULES | {Rule.BOUNDS, Rule.MODE_OFF, Rule.SCHEDULE, Rule.SCHEDULE_REVERT}
 """Rules that still change a config under a schedule: the floor and collapse (acceptance, the
 user's hard rule) and the bounds. The others react to load, which the schedule follows."""
-SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS})
+SETTLED_RULES = frozenset({Rule.HOLD, Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS, Rule.PLAN})
 """Rules whose hold means "the plain K is right": a schedule may then be proposed."""
-LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS})
+LOAD_RULES = frozenset({Rule.TUNE, Rule.HEDGE, Rule.PEAK_READINESS, Rule.PLAN})
 """Rules whose change follows the load: a schedule may be adopted instead."""
-PAST_CAPACITY_RULES = frozenset({Rule.TUNE, Rule.FAST_FALLBACK, Rule.SLO_GUARD})
+PAST_CAPACITY_RULES = frozenset({Rule.TUNE, Rule.PLAN, Rule.FAST_FALLBACK, Rule.SLO_GUARD})
 """The rules' moves to less drafting as the load rises: under a schedule they act only when
 the service is past its capacity at a batch the schedule drafts more (`_past_capacity`)."""
 BATCH_MEMORY_S = 6 * 3600.0

@@ -18,6 +18,11 @@ class PolicyTuning:
 
     min_gain: float = 0.05
     """Hysteresis: a tuning move needs a predicted score at least 5% above the current one."""
+    planner: bool = False
+    """Tuning and re-probes by the receding-horizon planner (`control.planning`: a plan over
+    a forecast of the service's own load, restarts and queues included) instead of the rules
+    (hedge, peak readiness, price over the payback horizon). Off by default until it beats the
+    rules on held-back seeds (`specdecode bench policy --policy planner`)."""
     slo_guard_margin: float = 0.03
     """The SLO guard's fallback must score at least 3% better (it must also meet the SLO)."""
     fast_fallback_margin: float = 0.25

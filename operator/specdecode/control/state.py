@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional, Sequence
 from specdecode import api, constants, timestamps
 from specdecode.control.decision import Action
 from specdecode.control.explain import label
+from specdecode.control.forecast import BUCKET_S, LoadHistory
 from specdecode.control.experiments import Experiment, rendered_schedule
 from specdecode.control.memory import HistoryEntry, history_from_status
 from specdecode.control.perfmodel import OFF, Schedule, ScheduleError
@@ -132,6 +133,9 @@ class ControlState:
     plain_baseline: PlainBaseline | None = None
     """status.observations.plainBaseline: what the plain K measured before a schedule replaced
     it (kept while that K or its schedule runs)."""
+    load_history: LoadHistory = LoadHistory()
+    """status.loadHistory: the request rate of each 10-minute bucket of about the last day
+    (`forecast.LoadHistory`): what the plan's forecast is made from."""
     below_floor_since: float | None = None
     """status.speculation.belowFloorSince: since when the guard window of the running config
     has shown acceptance confidently below the floor at every evaluation (None: the last one
@@ -301,6 +305,7 @@ def from_status(
         excluded_ks=excluded,
         ready_replicas=status.ready_replicas or 0,
         experiments=tuple(Experiment.from_record(r, spec) for r in status.experiments),
+        load_history=_load_history(status.load_history),
     )
     if effective is None:
         choice, cause, _ = choose(spec, None)
@@ -347,6 +352,20 @@ def from_status(
 
 
 _ACTIONS = {a.value for a in Action}
+
+
+def _load_history(stored: Optional[api.LoadHistory]) -> LoadHistory:
+    if stored is None or stored.start is None:
+        return LoadHistory()
+    return LoadHistory(timestamps.epoch_seconds_or_none(stored.start), tuple(stored.rates))
+
+
+def load_history_status(history: LoadHistory) -> Optional[dict]:
+    """status.loadHistory of ``history`` (None while it is empty)."""
+    if history.start is None:
+        return None
+    return {"start": timestamps.rfc3339(history.start), "bucketSeconds": int(BUCKET_S),
+            "rates": list(history.rates)}
 
 
 def _plain_baseline(stored: Optional[api.PlainBaseline]) -> PlainBaseline | None:
@@ -465,7 +484,12 @@ def to_status(
             schedule=schedule, reason=reason[:1024], spec_hash=declared_speculation_hash(spec),
             at=timestamps.rfc3339(state.since),
         ))
+    load_history = status.load_history
+    if _load_history(load_history) != state.load_history:
+        stored = load_history_status(state.load_history)
+        load_history = None if stored is None else api.LoadHistory.model_validate(stored)
     return status.model_copy(update={
+        "load_history": load_history,
         "speculation": effective, "observations": observations, "history": history,
         "experiments": experiments, "rejected_schedules": rejected[-8:],
     })

@@ -37,7 +37,8 @@ def step(
     decision, update = schedules.consider(settings, state, observed, decision, now)
     decision, measured = run_experiments(settings, state, decision, observed, canary, now)
     window = observed.window if observed.available else None
-    after = advance(measured, decision, window, settings.min_drafts, now)
+    after = advance(measured, decision, window, settings.min_drafts, now,
+                    settings.tuning.past_capacity_margin if settings.tuning.planner else None)
     return decision, schedules.advance(after, state, decision, update)
 
 
@@ -53,16 +54,20 @@ def _peak_fields(state: ControlState, window: Observation, now: float) -> dict:
 
 
 def advance(
-    state: ControlState, decision: Decision, window: Observation | None, min_drafts: float, now: float
+    state: ControlState, decision: Decision, window: Observation | None, min_drafts: float, now: float,
+    history_margin: float | None = None,
 ) -> ControlState:
     """The state after ``decision``: the acceptance memory updated from the long window
-    (``window``; kept through outages), the decision in history (a change, or new advice in
+    (``window``; kept through outages), the load history in planner mode (what arrives:
+    `Observation.restart_load` with ``history_margin``; None: not kept), the decision in history (a change, or new advice in
     Recommend mode), and the new choice when the operator acts on it."""
     new = state
     if window is not None:
         spec = window.speculation
         new = replace(
             new,
+            load_history=(state.load_history if history_margin is None
+                          else state.load_history.record(window.restart_load(history_margin), now)),
             recent_low_alpha=stored(recent_low_alpha(
                 state.recent_low_alpha, state.observed_at, window, min_drafts, now
             )),

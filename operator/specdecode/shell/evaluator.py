@@ -31,7 +31,7 @@ from ..control import metrics
 from ..control import evaluation
 from ..control.experiments import running_record
 from ..control.decision import Decision
-from ..control.settings import PolicySettings
+from ..control.settings import PolicySettings, PolicyTuning
 from .controller import Clock, Controller, utcnow
 from .kube import Kube
 from .prometheus import PrometheusReader
@@ -155,7 +155,8 @@ class Evaluator:
         stored = status
         if memory.observations is not None:
             status = status.model_copy(update={"observations": memory.observations})
-        settings = PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec))
+        settings = PolicySettings.from_spec(spec, restart_s=evaluation.measured_restart_s(status, spec),
+                                            tuning=PolicyTuning(planner=self.settings.policy == "planner"))
         access = self._access_for(spec, namespace, now.timestamp())
         if isinstance(access, metrics.MetricsUnavailable):
             read: metrics.ReadResult = access  # refused before any request

@@ -46,6 +46,12 @@ class OperatorSettings(BaseModel):
     )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or as JSON objects.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Least severity logged.")
+    policy: Literal["rules", "planner"] = Field(
+        "rules",
+        description="How autotune tunes K and re-probes: the rules (default) or the receding-horizon planner "
+        "(a plan over a forecast of each service's own load, restarts and queues included; status.plan shows "
+        "it). The planner is opt-in until it beats the rules on held-back benchmark seeds (docs/planner.md).",
+    )
     liveness_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz (0 turns it off).")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Port of the operator's own /metrics (0 turns it off).")
     model_cache_root: Optional[str] = Field(

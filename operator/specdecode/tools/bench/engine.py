@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Iterable, Sequence
 
-from specdecode.control import perfmodel
+from specdecode.control import perfmodel, planner
+from specdecode.control.planner import ORACLE_WEIGHTS, Axes, best_axes, headline
 from specdecode.control.perfmodel import OFF, Config, EngineParams, Schedule, Workload
 from specdecode.tools.scenario import Scenario
 
@@ -167,21 +168,18 @@ class SegmentEvaluator:
         return _mixed(main, canary), worse
 
     def _outage(self, workload: Workload, config: Config, duration: float, queue: float) -> _Eval:
-        """No replica serves: arrivals wait (half the outage on average, plus the backlog
-        ahead of them at one replica's capacity), then get the one-replica service time."""
+        """No replica serves (`perfmodel.outage`)."""
+        e2e_mean, e2e_p95, queue_end = perfmodel.outage(self.params, workload, config, duration, queue)
         one = perfmodel.steady_state(self.params, workload, config, 1)
-        service = one.service_s if math.isfinite(one.service_s) else 0.0
-        drain = queue / one.capacity_rps if one.capacity_rps > 0 else duration
-        wait = duration / 2.0 + drain
         return _Eval(
             arrivals=workload.request_rate * duration,
-            e2e_mean_s=wait + service,
-            e2e_p95_s=duration + drain + service,
+            e2e_mean_s=e2e_mean,
+            e2e_p95_s=e2e_p95,
             tpot_mean_s=one.tpot_s,
             tpot_p95_s=one.tpot_p95_s,
             goodput=0.0,
             generation=0.0,
-            queue_end=queue + workload.request_rate * duration,
+            queue_end=queue_end,
         )
 
 
@@ -302,17 +300,11 @@ def truth_breaks(scenario: Scenario) -> list[float]:
 
 
 def rollout(start: float, old: Config, new: Config, replicas: int, rollout_s: float) -> list[Serving]:
-    """The serving schedule of a change at ``start``: one replica at a time restarts."""
-    if replicas <= 1:
-        return [Serving(start, new, 0, True), Serving(start + rollout_s, new, max(replicas, 1))]
-    out = []
-    for j in range(replicas):
-        serving = replicas - 1
-        on_new = j
-        config = new if on_new * 2 > serving else old
-        out.append(Serving(start + j * rollout_s, config, serving, True))
-    out.append(Serving(start + replicas * rollout_s, new, replicas))
-    return out
+    """The serving schedule of a change at ``start``: the planner's rollout (maxSurge 0,
+    maxUnavailable 1, as the benchmark's services declare), one replica at a time."""
+    pieces = planner.rollout_pieces(old, new, planner.RolloutShape(replicas, 0, 1, rollout_s))
+    last = len(pieces) - 1
+    return [Serving(start + p.offset, p.config, p.serving, i < last) for i, p in enumerate(pieces)]
 
 
 def canary_start(
@@ -407,34 +399,12 @@ def goodput_integral(segments: Iterable[Segment]) -> float:
     return math.fsum(s.duration * s.goodput_tokens_per_s for s in segments)
 
 
-@dataclass(frozen=True)
-class Axes:
-    """A strategy's two headline axes over the scenario: time-averaged goodput (tokens/s)
-    and time-averaged mean e2e latency (s)."""
-
-    goodput: float
-    latency: float
-
-    @classmethod
-    def of(cls, segments: Sequence[Segment]) -> "Axes":
-        total = math.fsum(s.duration for s in segments)
-        if total <= 0:
-            return cls(0.0, math.inf)
-        return cls(goodput_integral(segments) / total, latency_integral(segments) / total)
-
-
-def best_axes(items: Iterable[Axes]) -> Axes:
-    """The score's denominators: the highest goodput and the lowest latency among ``items``."""
-    items = list(items)
-    return Axes(max(a.goodput for a in items), min(a.latency for a in items))
-
-
-def headline(axes: Axes, best: Axes) -> tuple[float, float, float]:
-    """(score, goodput ratio, latency ratio) against the denominators ``best``
-    (BENCHMARK.md: score = min(goodput / best goodput, best latency / latency))."""
-    good = axes.goodput / best.goodput if best.goodput > 0 else 1.0
-    fast = best.latency / axes.latency if axes.latency > 0 and math.isfinite(axes.latency) else 0.0
-    return min(good, fast), good, fast
+def axes_of(segments: Sequence[Segment]) -> Axes:
+    """A strategy's two headline axes over the scenario (`planner.Axes`)."""
+    total = math.fsum(s.duration for s in segments)
+    if total <= 0:
+        return Axes(0.0, math.inf)
+    return Axes(goodput_integral(segments) / total, latency_integral(segments) / total)
 
 
 @dataclass(frozen=True)
@@ -449,10 +419,6 @@ class OraclePlan:
     """"dp:mu=<weight>" (the scalarised DP that scored best) or "static:<config>"."""
 
 
-ORACLE_WEIGHTS = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
-"""Goodput weights mu of the oracle's scalarised DPs (see `phase_oracle`)."""
-
-
 def phase_oracle(
     scenario: Scenario,
     evaluator: SegmentEvaluator,
@@ -460,34 +426,17 @@ def phase_oracle(
     declared: Config,
     static_segments: dict[Config, list[Segment]],
 ) -> OraclePlan:
-    """The plan over phases x configs that maximises the headline score.
-
-    The score is min(goodput / G*, L* / latency) over the whole scenario, with G* and L* the
-    best values among the oracle and every static choice: a min of two ratios of sums,
-    which no per-phase recursion maximises directly. Both axes are sums over phases,
-    though, so for each weight mu of ``ORACLE_WEIGHTS`` a DP minimises the scalarisation
-    latency / L0 - mu * goodput / G0 (L0, G0: the best static values), every change paying
-    the rollout inside its phase, from the declared config at the start; each DP's best path
-    (the queue carried along it) is a candidate, and so is every static choice.
-
-    The oracle is, among the candidates that score at least every static choice against
-    their own denominators (best of the candidate and the statics on each axis), the one
-    with the best score against the best of all candidates on each axis (ties: fewer
-    changes). The best static choice always qualifies, so the oracle scores at least every
-    static choice; ranking against all candidates keeps a plan that gives up a trace of
-    goodput for a large latency gain from losing to a static that is best on goodput alone.
-    """
+    """The plan over phases x configs that maximises the headline score: the policy's
+    planner (`planner.plan`) fed with the truth (this scenario's evaluator, cut at every
+    noise period) and the real future (the scenario's phases as slots), from the declared
+    config, every change paying the same rollout inside its phase."""
     params = evaluator.params
     replicas = params.replicas
     breaks = truth_breaks(scenario)
     spans = list(scenario.phase_spans())
-    statics = {c: Axes.of(segs) for c, segs in static_segments.items()}
-    reference = best_axes(statics.values())
-    g0 = reference.goodput if reference.goodput > 0 else 1.0
-    l0 = reference.latency if 0 < reference.latency < math.inf else 1.0
-    runs: dict[tuple, tuple[tuple[Segment, ...], float, float, float]] = {}
+    runs: dict[tuple, planner.SlotRun] = {}
 
-    def phase_run(i: int, prev: Config, c: Config, queue: float):
+    def phase_run(i: int, prev: Config, c: Config, queue: float) -> planner.SlotRun:
         key = (i, prev, c, round(queue, 1))
         hit = runs.get(key)
         if hit is None:
@@ -497,46 +446,21 @@ def phase_oracle(
             else:
                 schedule = [s for s in rollout(start, prev, c, replicas, params.rollout_s) if s.start < end]
             segs = tuple(evaluate_schedule(scenario, evaluator, schedule, start, end, queue, breaks))
-            hit = (segs, latency_integral(segs), goodput_integral(segs), segs[-1].queue_end)
+            hit = planner.SlotRun(latency_integral(segs), goodput_integral(segs), segs[-1].queue_end, segs)
             runs[key] = hit
         return hit
 
-    candidates: list[tuple[tuple[Config, ...], tuple[Segment, ...], str]] = []
-    for mu in ORACLE_WEIGHTS:
-        # value[c] = (objective, queue, path, segments) of the best path ending with c.
-        value: dict[Config, tuple[float, float, tuple[Config, ...], tuple[Segment, ...]]] = {}
-        for i in range(len(spans)):
-            new_value = {}
-            for c in configs:
-                best = None
-                before = [(declared, 0.0, 0.0, (), ())] if i == 0 else [(p, *value[p]) for p in configs]
-                for prev, cost, queue, path, segs in before:
-                    phase_segs, lat, good, queue_end = phase_run(i, prev, c, queue)
-                    total = cost + lat / l0 - mu * good / g0
-                    if best is None or total < best[0]:
-                        best = (total, queue_end, path + (c,), segs + phase_segs)
-                new_value[c] = best  # type: ignore[assignment]
-            value = new_value
-        best_c = min(value, key=lambda c: (value[c][0], perfmodel.config_order(c)))
-        _, _, path, segments = value[best_c]
-        candidates.append((path, segments, f"dp:mu={mu:g}"))
-    for config, segs in static_segments.items():
-        candidates.append((tuple(config for _ in spans), tuple(segs), f"static:{strategy_label(config)}"))
-
-    axes_of = [Axes.of(segs) for _, segs, _ in candidates]
-    ideal = best_axes(axes_of)
-
-    def feasible(i: int) -> bool:
-        """Against its own denominators the candidate scores at least every static choice."""
-        best = best_axes([axes_of[i], *statics.values()])
-        own = headline(axes_of[i], best)[0]
-        return all(own >= headline(a, best)[0] - 1e-12 for a in statics.values())
-
-    def rank(i: int) -> tuple[float, int]:
-        return headline(axes_of[i], ideal)[0], -_changes(candidates[i][0], declared)
-
-    chosen = max((i for i in range(len(candidates)) if feasible(i)), key=rank)
-    path, segments, source = candidates[chosen]
+    statics = {
+        c: planner.Path(
+            tuple(c for _ in spans), _static_runs(segs, spans), f"static:{strategy_label(c)}"
+        )
+        for c, segs in static_segments.items()
+    }
+    chosen = planner.plan(
+        [end - start for start, end, _ in spans], list(configs), declared, phase_run, ORACLE_WEIGHTS, statics,
+    ).chosen
+    path = chosen.configs
+    segments = tuple(seg for run in chosen.runs for seg in run.detail)
     schedule: list[Serving] = []
     for i, (start, _end, _) in enumerate(spans):
         prev = declared if i == 0 else path[i - 1]
@@ -544,7 +468,17 @@ def phase_oracle(
             schedule.extend(rollout(start, prev, path[i], replicas, params.rollout_s))
         elif i == 0:
             schedule.append(Serving(0.0, path[i], replicas))
-    return OraclePlan(tuple(path), tuple(schedule), tuple(segments), _changes(path, declared), source)
+    return OraclePlan(tuple(path), tuple(schedule), segments, _changes(path, declared), chosen.source)
+
+
+def _static_runs(segments: Sequence[Segment], spans) -> tuple[planner.SlotRun, ...]:
+    """A static strategy's segments cut into the phases' slots."""
+    out = []
+    for start, end, _ in spans:
+        segs = tuple(s for s in segments if start <= s.start < end)
+        queue = segs[-1].queue_end if segs else 0.0
+        out.append(planner.SlotRun(latency_integral(segs), goodput_integral(segs), queue, segs))
+    return tuple(out)
 
 
 def _changes(path: Sequence[Config], declared: Config) -> int:

@@ -80,15 +80,16 @@ def _recording(samples: list[Sample], every: int, after_s: float) -> Iterator[No
         evaluation.evaluate = original
 
 
-def capture(names: tuple[str, ...], per_scenario: int, hours: float) -> list[Sample]:
+def capture(names: tuple[str, ...], per_scenario: int, hours: float, planner: bool = False) -> list[Sample]:
     """About ``per_scenario`` evaluation inputs from each scenario's first ``hours`` (after
-    its first half hour, so that every service has history, memory and observations)."""
+    its first half hour, so that every service has history, memory and observations), the
+    policy by the rules or, with ``planner``, by the planner (its load history in status)."""
     samples: list[Sample] = []
     for name in names:
         scenario = load_scenario(builtin_scenario_path(name))
         duration = min(scenario.duration, hours * 3600.0)
         scenario = scenario.model_copy(update={"duration": duration})
-        settings = run.policy_settings(scenario)
+        settings = run.policy_settings(scenario, planner=planner)
         evaluations = (duration - 1800.0) / settings.evaluation_interval_s
         every = max(1, int(evaluations // per_scenario))
         found: list[Sample] = []
@@ -194,12 +195,12 @@ class Outcome:
         return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
 
 
-def evaluate_fleet(the_fleet: Fleet, rounds: int) -> Outcome:
+def evaluate_fleet(the_fleet: Fleet, rounds: int, policy: str = "rules") -> Outcome:
     """Every service evaluated once per round (a fresh process memory each round, holding
     the stored observations, as an earlier evaluation leaves it)."""
     now = [datetime.fromtimestamp(0.0, timezone.utc)]
     kube, controller = CountingKube(), CountingController()
-    evaluator = Evaluator(kube, controller, OperatorSettings(evaluation_tick=5.0), clock=lambda: now[0],  # type: ignore[arg-type]
+    evaluator = Evaluator(kube, controller, OperatorSettings(evaluation_tick=5.0, policy=policy), clock=lambda: now[0],  # type: ignore[arg-type]
                           reader_factory=_SnapshotReader(the_fleet.snapshot))
     decisions: list[tuple[str, Any]] = []
     evaluations = 0
@@ -227,18 +228,20 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="times the rounds run; the least CPU is the figure (a shared machine adds noise, never removes it)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N by cumulative time")
     parser.add_argument("--sort", default="cumulative", help="cProfile's sort key (default: cumulative)")
+    parser.add_argument("--policy", choices=("rules", "planner"), default="rules",
+                        help="the operator's SPECDECODE_POLICY (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    samples = capture(SCENARIOS, args.per_scenario, args.hours)
+    samples = capture(SCENARIOS, args.per_scenario, args.hours, planner=args.policy == "planner")
     the_fleet = fleet(samples)
-    evaluate_fleet(the_fleet, 1)  # warm: imports, first-use caches
+    evaluate_fleet(the_fleet, 1, args.policy)  # warm: imports, first-use caches
     profiler = cProfile.Profile() if args.profile else None
     cpus, digests = [], set()
     for _ in range(args.repeat):
         started = time.process_time()
         if profiler:
             profiler.enable()
-        outcome = evaluate_fleet(the_fleet, args.rounds)
+        outcome = evaluate_fleet(the_fleet, args.rounds, args.policy)
         if profiler:
             profiler.disable()
         cpus.append((time.process_time() - started) / max(1, outcome.evaluations))

@@ -46,7 +46,7 @@ from specdecode.tools.bench import engine, telemetry
 from specdecode.control import decision as dec
 from specdecode.control import evaluation
 from specdecode.control.estimates import PolicyObservations
-from specdecode.control.settings import PolicySettings
+from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.experiments import CanaryPlan, record_schedule, running_record
 from specdecode.control.metrics import ConfigKey, QueryScope, service_request_rate
 from specdecode.control.perfmodel import OFF
@@ -118,11 +118,13 @@ def service_spec(
 
 def policy_settings(
     scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
-    schedules: bool | None = None,
+    schedules: bool | None = None, planner: bool = False,
 ) -> PolicySettings:
-    """The production settings of the scenario's service (`PolicySettings.from_spec`)."""
+    """The production settings of the scenario's service (`PolicySettings.from_spec`);
+    ``planner``: tuning by the receding-horizon planner (`PolicyTuning.planner`)."""
     return PolicySettings.from_spec(
-        service_spec(scenario, scrape_interval_s, experiments, schedules), restart_s=RESTART_S
+        service_spec(scenario, scrape_interval_s, experiments, schedules), restart_s=RESTART_S,
+        tuning=PolicyTuning(planner=planner),
     )
 
 
@@ -523,9 +525,9 @@ EXPERIMENT_MODES = {"on": (True,), "off": (False,), "compare": (True, False)}
 
 
 def run_variant(
-    scenario: Scenario, measure: "Yardstick", experiments: bool,
+    scenario: Scenario, measure: "Yardstick", experiments: bool, planner: bool = False,
 ) -> tuple[PolicyVariant, PolicyRun, list[engine.Segment], PolicySettings]:
-    settings = policy_settings(scenario, experiments=experiments)  # schedules as the API defaults them
+    settings = policy_settings(scenario, experiments=experiments, planner=planner)  # schedules as the API defaults them
     run = run_policy(scenario, settings, experiments=experiments)
     segments = engine.evaluate_schedule(scenario, measure.evaluator, run.schedule)
     raw = figures(segments, len(run.changes))
@@ -790,11 +792,11 @@ def yardstick(scenario: Scenario, schedules: bool = False) -> Yardstick:
         # Its DP ranks paths against its own candidates: keep the K-only plan when that one
         # scores better against the best of everything (the oracle with more choices must
         # not score below the oracle with fewer).
-        everything = [engine.Axes.of(segs) for segs in (*statics.values(), *schedule_statics.values())]
-        everything += [engine.Axes.of(plan.segments), engine.Axes.of(oracle.segments)]
+        everything = [engine.axes_of(segs) for segs in (*statics.values(), *schedule_statics.values())]
+        everything += [engine.axes_of(plan.segments), engine.axes_of(oracle.segments)]
         best = engine.best_axes(everything)
-        if engine.headline(engine.Axes.of(plan.segments), best)[0] >= engine.headline(
-            engine.Axes.of(oracle.segments), best
+        if engine.headline(engine.axes_of(plan.segments), best)[0] >= engine.headline(
+            engine.axes_of(oracle.segments), best
         )[0]:
             oracle_schedules = plan
     return Yardstick(evaluator, configs, declared, statics, oracle, family, schedule_statics,
@@ -827,10 +829,13 @@ def _schedule_view(
     )
 
 
-def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "on") -> ScenarioResult:
+def run_scenario(
+    path: str | Path, schedules: bool = True, experiments: str = "on", planner: bool = False,
+) -> ScenarioResult:
     """Every strategy on one scenario file: the policy (with canary experiments ``on``,
-    ``off``, or both: ``compare``), every static choice, the oracle (and, with
-    ``schedules``, the schedule family, each static, and the oracle with it)."""
+    ``off``, or both: ``compare``; by the rules, or by the planner with ``planner``), every
+    static choice, the oracle (and, with ``schedules``, the schedule family, each static,
+    and the oracle with it)."""
     if experiments not in EXPERIMENT_MODES:
         raise ValueError(f"experiments must be one of {', '.join(EXPERIMENT_MODES)}, got {experiments!r}")
     started = time.perf_counter()
@@ -841,7 +846,7 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
     variants: dict[str, PolicyVariant] = {}
     primary = None
     for enabled in EXPERIMENT_MODES[experiments]:
-        variant, variant_run, variant_segments, variant_settings = run_variant(scenario, measure, enabled)
+        variant, variant_run, variant_segments, variant_settings = run_variant(scenario, measure, enabled, planner)
         variants["on" if enabled else "off"] = variant
         if primary is None:
             primary = (variant_run, variant_segments, variant_settings)
@@ -851,7 +856,8 @@ def run_scenario(path: str | Path, schedules: bool = True, experiments: str = "o
         # The policy again with autotune.schedules Off (and the primary variant's experiments).
         with_experiments = EXPERIMENT_MODES[experiments][0]
         plain = run_policy(
-            scenario, policy_settings(scenario, experiments=with_experiments, schedules=False), experiments=with_experiments
+            scenario, policy_settings(scenario, experiments=with_experiments, schedules=False, planner=planner),
+            experiments=with_experiments,
         )
         plain_figures = figures(engine.evaluate_schedule(scenario, evaluator, plain.schedule), len(plain.changes))
 

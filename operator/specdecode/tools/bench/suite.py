@@ -36,6 +36,7 @@ def run_suite(
     jobs: int | None = None,
     on_done: Callable[[ScenarioResult], None] | None = None,
     experiments: str = "on",
+    planner: bool = False,
 ) -> list[ScenarioResult]:
     """Run every scenario, ``jobs`` at a time (default: the CPUs), results in input order;
     the policy with canary experiments ``on``, ``off`` or both (``compare``).
@@ -48,7 +49,7 @@ def run_suite(
     if jobs == 1 or len(paths) == 1:
         results = []
         for path in paths:
-            result = run_scenario(path, experiments=experiments)
+            result = run_scenario(path, experiments=experiments, planner=planner)
             if on_done:
                 on_done(result)
             results.append(result)
@@ -57,7 +58,7 @@ def run_suite(
     order = sorted(range(len(paths)), key=lambda i: -_cost_hint(paths[i]))
     results: dict[int, ScenarioResult] = {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_scenario, paths[i], True, experiments): i for i in order}
+        futures = {pool.submit(run_scenario, paths[i], True, experiments, planner): i for i in order}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[futures[future]] = result
