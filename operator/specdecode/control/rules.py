@@ -838,16 +838,22 @@ def _reversion_loss(
     return low if move < stay else None
 
 
+def _reprobe_backoff(ctx: _Context) -> tuple[bool, int, float]:
+    """(never seen above the floor, backoff factor, interval) of the next re-probe. The first
+    failed probe may have met the tail of a dip: only repeated failures back off. A draft
+    never seen above the floor counts as one failure already (probing it is a long shot);
+    one seen paying before gets the plain interval."""
+    s, memory = ctx.settings, ctx.memory
+    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
+    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
+    backoff = min(ctx.tuning.reprobe_backoff_max, 2**exponent)
+    return never_good, backoff, s.reprobe_interval_s * backoff
+
+
 def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     calibration, scale = ctx.calibrated(est)
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
-    # The first failed probe may have met the tail of a dip: only repeated failures back off.
-    # A draft never seen above the floor counts as one failure already (probing it is a
-    # long shot); one seen paying before gets the plain interval.
-    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
-    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
-    backoff = min(t.reprobe_backoff_max, 2**exponent)
-    interval = s.reprobe_interval_s * backoff
+    never_good, backoff, interval = _reprobe_backoff(ctx)
     off_since = ctx.state.since
     remembered = memory.best_alpha
     alpha = max(remembered or 0.0, t.default_probe_alpha)
@@ -1308,13 +1314,7 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
 def _reprobe_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     calibration, scale = ctx.calibrated(est)
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
-    # The first failed probe may have met the tail of a dip: only repeated failures back off.
-    # A draft never seen above the floor counts as one failure already (probing it is a
-    # long shot); one seen paying before gets the plain interval.
-    never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
-    exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
-    backoff = min(t.reprobe_backoff_max, 2**exponent)
-    interval = s.reprobe_interval_s * backoff
+    never_good, backoff, interval = _reprobe_backoff(ctx)
     off_since = ctx.state.since
     remembered = memory.best_alpha
     alpha = max(remembered or 0.0, t.default_probe_alpha)
