@@ -838,41 +838,45 @@ def _reversion_loss(
     return low if move < stay else None
 
 
-def _reprobe_backoff(ctx: _Context) -> tuple[bool, int, float]:
-    """(never seen above the floor, backoff factor, interval) of the next re-probe. The first
-    failed probe may have met the tail of a dip: only repeated failures back off. A draft
-    never seen above the floor counts as one failure already (probing it is a long shot);
-    one seen paying before gets the plain interval."""
+def _reprobe_not_due(
+    ctx: _Context, est: Estimate, flags: Condition, preds: Mapping[int, ConfigPrediction], scale: float | None,
+) -> Decision | None:
+    """The hold while the next re-probe is not due, None once it is. The first failed probe
+    may have met the tail of a dip: only repeated failures back off. A draft never seen
+    above the floor counts as one failure already (probing it is a long shot); one seen
+    paying before gets the plain interval."""
     s, memory = ctx.settings, ctx.memory
     never_good = memory.best_alpha is not None and memory.best_alpha < s.acceptance_floor
     exponent = max(0, memory.failed_probes - 1) + (1 if never_good else 0)
     backoff = min(ctx.tuning.reprobe_backoff_max, 2**exponent)
-    return never_good, backoff, s.reprobe_interval_s * backoff
+    off_since = ctx.state.since
+    wait = off_since + s.reprobe_interval_s * backoff - ctx.now
+    if wait <= 0:
+        return None
+    extra = ""
+    if backoff > 1:
+        why = [f"after {memory.failed_probes} failed probes"] if memory.failed_probes else []
+        why += ["acceptance never seen above the floor"] if never_good else []
+        extra = f" (x{backoff}: {', '.join(why)})"
+    return _make(
+        ctx, Action.HOLD, None, Rule.HOLD,
+        f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in {fmt_s(wait)}{extra}",
+        metrics=flags, predictions=preds, est=est, scale=scale,
+    )
 
 
 def _reprobe(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     calibration, scale = ctx.calibrated(est)
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
-    never_good, backoff, interval = _reprobe_backoff(ctx)
     off_since = ctx.state.since
     remembered = memory.best_alpha
     alpha = max(remembered or 0.0, t.default_probe_alpha)
     ks = [k for k in ctx.allowed() if k != OFF]
     preds = predict(calibration, est, ks + [OFF], OFF, s, alpha=alpha)
     best = max(ks, key=lambda k: (preds[k].score, -k)) if ks else None
-    wait = off_since + interval - ctx.now
-    if wait > 0:
-        extra = ""
-        if backoff > 1:
-            why = [f"after {memory.failed_probes} failed probes"] if memory.failed_probes else []
-            why += ["acceptance never seen above the floor"] if never_good else []
-            extra = f" (x{backoff}: {', '.join(why)})"
-        return _make(
-            ctx, Action.HOLD, None, Rule.HOLD,
-            f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in "
-            f"{fmt_s(wait)}{extra}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
-        )
+    waiting = _reprobe_not_due(ctx, est, flags, preds, scale)
+    if waiting is not None:
+        return waiting
     if best is None:
         return _make(ctx, Action.HOLD, None, Rule.HOLD, "no speculative config is allowed",
                      metrics=flags, predictions=preds, est=est, scale=scale)
@@ -1314,25 +1318,14 @@ def _tune(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
 def _reprobe_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     calibration, scale = ctx.calibrated(est)
     s, t, memory = ctx.settings, ctx.tuning, ctx.memory
-    never_good, backoff, interval = _reprobe_backoff(ctx)
     off_since = ctx.state.since
     remembered = memory.best_alpha
     alpha = max(remembered or 0.0, t.default_probe_alpha)
     ks = [k for k in ctx.allowed() if k != OFF]
     preds = predict(calibration, est, ks + [OFF], OFF, s, alpha=alpha)
-    wait = off_since + interval - ctx.now
-    if wait > 0:
-        extra = ""
-        if backoff > 1:
-            why = [f"after {memory.failed_probes} failed probes"] if memory.failed_probes else []
-            why += ["acceptance never seen above the floor"] if never_good else []
-            extra = f" (x{backoff}: {', '.join(why)})"
-        return _make(
-            ctx, Action.HOLD, None, Rule.HOLD,
-            f"speculation off since {fmt_s(ctx.now - off_since)} ago; re-probe in "
-            f"{fmt_s(wait)}{extra}",
-            metrics=flags, predictions=preds, est=est, scale=scale,
-        )
+    waiting = _reprobe_not_due(ctx, est, flags, preds, scale)
+    if waiting is not None:
+        return waiting
     if not ks:
         return _make(ctx, Action.HOLD, None, Rule.HOLD, "no speculative config is allowed",
                      metrics=flags, predictions=preds, est=est, scale=scale)
