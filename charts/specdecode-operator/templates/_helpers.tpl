@@ -1,24 +1,68 @@
-{{/* Base name of every object; "specdecode-operator" as in manifests/. */}}
+{{/* The chart's name: app.kubernetes.io/name ("specdecode-operator" unless nameOverride). */}}
+{{- define "specdecode.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Base name of every object: fullnameOverride, else the release name with the chart's name
+(the release name alone when it already contains it: release "specdecode-operator" gives the
+names of manifests/). At most 55 characters, so that "<fullname>-metrics" fits a DNS label. */}}
 {{- define "specdecode.fullname" -}}
-{{- .Values.fullnameOverride | default "specdecode-operator" | trunc 63 | trimSuffix "-" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "specdecode.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 55 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
-{{/* Labels on every object: the kustomize install's part-of, plus Helm's own. Never
-app.kubernetes.io/instance (Argo CD tracks by it) nor managed-by=specdecode-operator (the
-operator takes Deployments with it for its vLLM children). */}}
+{{- define "specdecode.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. Never managed-by=specdecode-operator: the operator takes
+Deployments with it for its vLLM children (managed-by here is Helm). */}}
 {{- define "specdecode.labels" -}}
+helm.sh/chart: {{ include "specdecode.chart" . }}
+{{ include "specdecode.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: specdecode-operator
-app.kubernetes.io/managed-by: Helm
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* What selectors match: name and instance only, never the version or the chart, so that a
+Deployment's (immutable) selector stays the same across upgrades, and two releases never
+select each other's pods or Services. */}}
 {{- define "specdecode.selectorLabels" -}}
-app.kubernetes.io/name: specdecode-operator
-app.kubernetes.io/component: controller
+app.kubernetes.io/name: {{ include "specdecode.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The ServiceAccount the operator runs as, and the RBAC bindings name. */}}
+{{- define "specdecode.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "specdecode.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository@digest when image.digest is set, else repository:tag (tag: appVersion). */}}
 {{- define "specdecode.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The job label of the operator's scrape: its metrics Service's name (the PodMonitor
+relabels to the same), which the alerts select. */}}
+{{- define "specdecode.metricsJob" -}}
+{{- printf "%s-metrics" (include "specdecode.fullname" .) -}}
 {{- end -}}
 
 {{/* Namespaces whose Secrets the operator may read for spec.metrics.auth. */}}
