@@ -189,9 +189,9 @@ def test_flux_kustomizations_wait_for_health():
     assert (REPO / operator["path"]).is_dir()
 
 
-def test_readme_shows_the_checks_as_shipped():
-    """The snippets users copy from the README are the tested files."""
-    readme = (REPO / "README.md").read_text()
+def test_docs_show_the_checks_as_shipped():
+    """The snippets users copy from the GitOps page are the tested files."""
+    readme = (REPO / "docs" / "operations" / "gitops.md").read_text()
     assert LUA_PATH.read_text() in readme
     flux = FLUX_PATH.read_text()
     services = flux[flux.index("apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata:\n  name: llm-services"):]
