@@ -716,6 +716,16 @@ class SecretKeyRef(ApiModel):
     key: str = Field("token", description="Key inside the Secret.", min_length=1, max_length=253)
 
 
+class CaSecretKeyRef(ApiModel):
+    """A key of a Secret in the service's namespace holding a CA bundle."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    # ca.crt: the key cert-manager, kubernetes.io/tls Secrets and service-account tokens use
+    # (and the chart's prometheus.auth.caSecret.key), so one default fits every CA Secret.
+    key: str = Field("ca.crt", description="Key inside the Secret holding the PEM bundle.", min_length=1,
+                     max_length=253)
+
+
 class ModelCache(ApiModel):
     """Where model weights are cached, and how the hub is reached."""
 
@@ -941,6 +951,19 @@ class Autotune(ApiModel):
     max_changes_per_hour: int = Field(
         4, description="Change budget: most speculation changes in any hour.", ge=0, le=60
     )
+    allow_outages: bool = Field(
+        False,
+        description="Let a change restart pods when the replicas left serving during its rollout "
+        "cannot carry the load: with one replica and rollout.maxUnavailable 1 (maxSurge 0, the "
+        "default) every change is a full outage for a model load. false (the default): such a "
+        "change waits until the model says the replicas left serving carry the present load, and "
+        "when none would be left serving it stays a recommendation (status.recommendation, "
+        "condition OutageRisk). A service already past its capacity may still restart its way "
+        "out when replicas stay serving. To let autotune act without outages, set "
+        "rollout.maxSurge 1 and maxUnavailable 0 (a spare GPU during each rollout) or run 2 or "
+        "more replicas. A canary that borrows a replica waits by the same rule. true: changes go "
+        "ahead, priced by the policy against the outage they cause.",
+    )
     startup_failure_retry: str = Duration(
         "6h",
         "When pods of a speculative config fail to start for a reason the operator cannot classify, "
@@ -991,7 +1014,7 @@ class PrometheusAuth(ApiModel):
         description="Secret in the service's own namespace holding a bearer token, sent only to "
         "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
     )
-    ca_secret: Optional[SecretKeyRef] = Field(
+    ca_secret: Optional[CaSecretKeyRef] = Field(
         None,
         description="Secret in the service's own namespace holding a CA bundle (PEM) for "
         "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
@@ -1148,7 +1171,9 @@ class Condition(StatusModel):
     """A standard Kubernetes condition."""
 
     type: str = Field(description="Condition type: Ready, Progressing, Degraded, SpeculationEffective, "
-                      "MetricsAvailable or DraftCompatible.", max_length=64)
+                      "MetricsAvailable, DraftCompatible, ModelCacheEphemeral, Experimenting, OutageRisk "
+                      "(True: the spec lets a change roll out below what carries the load) or SLOMet "
+                      "(False: P95 latency over spec.autotune.slo).", max_length=64)
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word for machines.", max_length=128)
     message: Redacted(4096) = Field("", description="What happened, with numbers, for people.", max_length=4096)

@@ -62,6 +62,11 @@ COND_DRAFT_COMPATIBLE = "DraftCompatible"
 COND_MODEL_CACHE_EPHEMERAL = "ModelCacheEphemeral"
 # True while a canary experiment runs; neutral for GitOps health (the main Deployment serves).
 COND_EXPERIMENTING = "Experimenting"
+# True (a warning, like ModelCacheEphemeral) while the spec lets autotune roll a change out
+# below what carries the load: spec.autotune.allowOutages with too few replicas left serving.
+COND_OUTAGE_RISK = "OutageRisk"
+# False while the window's P95 breaks a latency SLO (spec.autotune.slo); unset without an SLO.
+COND_SLO_MET = "SLOMet"
 
 # Condition reasons (CamelCase, as Kubernetes conventions ask).
 REASON_INVALID_SPEC = "InvalidSpec"
@@ -78,6 +83,8 @@ REASON_ACCEPTANCE_BELOW_FLOOR = "AcceptanceBelowFloor"
 REASON_DISABLED_BY_USER = "DisabledByUser"
 REASON_STARTUP_FAILURE = "StartupFailure"
 REASON_METRICS_OK = "MetricsFresh"
+REASON_SLO_MET = "WithinObjectives"
+REASON_SLO_BREACHED = "ObjectiveBreached"
 REASON_METRICS_MISSING = "MetricsMissing"
 REASON_CACHE_EMPTY_DIR = "EmptyDirCache"
 REASON_CACHE_PERSISTENT = "PersistentCache"

@@ -200,7 +200,9 @@ def _steady_service(mode: str = "Auto") -> tuple[dict, int]:
     best = perfmodel.best_config(TRUTH, WORKLOAD)
     spec = {"model": {"name": "m"}, "speculation": {"method": "draft_model", "draftModel": "d",
                                                      "numSpeculativeTokens": best},
-            "autotune": {"mode": mode, "evaluationInterval": "30s"}}
+            "autotune": {"mode": mode, "evaluationInterval": "30s"},
+            # A surge pod keeps the one replica serving through a change (no outage to hold it).
+            "rollout": {"maxSurge": 1, "maxUnavailable": 0}}
     parsed = api.parse_spec(spec)
     status = api.SpecDecodeServiceStatus(
         phase="Serving", ready_replicas=1,

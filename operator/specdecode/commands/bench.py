@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli import UserError, command
+from ..cli import UserError, add_output_flag, command
 
 
 @command
@@ -39,7 +39,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--generated-cycles", type=int, default=1, metavar="C",
                    help="times each generated load swing repeats its calm, peak and calm (4 hours each; "
                    "default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print every figure as JSON on stdout")
+    add_output_flag(p, help="; json: every figure on stdout")
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="directory for the CSV, the JSON and one PNG per scenario (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
@@ -54,6 +54,13 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "--policy", choices=("rules", "planner"), default="rules",
         help="how the policy tunes: the rules (the default) or the receding-horizon planner "
         "(autotune's planner mode) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--safe-defaults", action="store_true",
+        help="the policy under the API's own autotune.allowOutages (false): a change that would roll out "
+        "below what carries the load stays a recommendation. Without it the benchmark judges the policy with "
+        "restarts allowed (allowOutages true), as a user who opted in runs it; a scenario's own "
+        "autotune.allowOutages wins either way",
     )
     p.set_defaults(func=run_bench_policy)
 
@@ -73,6 +80,13 @@ def _bench(sub: argparse._SubParsersAction) -> None:
                    help="the policy with canary experiments on (the API's default) or off (default: %(default)s)")
     t.add_argument("--policy", choices=("rules", "planner"), default="rules",
                    help="the rules (the default) or the receding-horizon planner (default: %(default)s)")
+    t.add_argument(
+        "--safe-defaults", action="store_true",
+        help="the policy under the API's own autotune.allowOutages (false): a change that would roll out "
+        "below what carries the load stays a recommendation. Without it the benchmark judges the policy with "
+        "restarts allowed (allowOutages true), as a user who opted in runs it; a scenario's own "
+        "autotune.allowOutages wins either way",
+    )
     t.set_defaults(func=run_bench_trace)
 
     f = bench_sub.add_parser(
@@ -93,7 +107,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
                    help="skip the stack's own floor (the same N Deployments and Services applied with no operator and "
                    "timed until available, before the operator starts; it takes as long again)")
     f.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
-    f.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
+    add_output_flag(f, help="; json: the figures and targets on stdout")
     f.set_defaults(func=run_bench_fleet)
 
     q = bench_sub.add_parser(
@@ -113,7 +127,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--cluster-name", default="bench-faults", help="local control plane to (re)create (default: %(default)s)")
     q.add_argument("--keep", action="store_true", help="leave the control plane running at the end")
     q.add_argument("--workdir", default=None, help="directory for logs (default: a new temporary one)")
-    q.add_argument("--json", action="store_true", help="print the figures and targets as JSON on stdout")
+    add_output_flag(q, help="; json: the figures and targets on stdout")
     q.set_defaults(func=run_bench_faults)
 
 
@@ -151,7 +165,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
     err_console = Console(stderr=True)
     with Progress(
         TextColumn("[bold]bench policy"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-        TimeElapsedColumn(), console=err_console, transient=args.json,
+        TimeElapsedColumn(), console=err_console, transient=args.output == "json",
     ) as progress:
         task = progress.add_task("", total=len(paths))
 
@@ -159,7 +173,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, description=f"{result.name} ({result.elapsed_s:.0f}s)")
 
         results = suite.run_suite(paths, jobs=args.jobs, on_done=done, experiments=args.experiments,
-                                  planner=args.policy == "planner")
+                                  planner=args.policy == "planner", allow_outages=not args.safe_defaults)
     summary = suite.summarize(results)
 
     out = Path(args.out)
@@ -172,7 +186,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         written = [out / "bench-policy.csv", out / "bench-policy.json"]
     else:
         written = report.write_outputs(results, summary, out)
-    if args.json:
+    if args.output == "json":
         json.dump(report.suite_json(results, summary), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -202,7 +216,8 @@ def run_bench_trace(args: argparse.Namespace) -> int:
         for line in lines.lines(t, result):
             print(line)
 
-    settings = run.policy_settings(scenario, experiments=args.experiments == "on", planner=args.policy == "planner")
+    settings = run.policy_settings(scenario, experiments=args.experiments == "on", planner=args.policy == "planner",
+                                   allow_outages=not args.safe_defaults)
     policy = run.run_policy(scenario, settings, experiments=args.experiments == "on", on_evaluation=show)
     print(f"{len(policy.changes)} change(s) of config, {len(policy.experiments)} canary experiment(s)")
     return 0
@@ -250,7 +265,7 @@ def _report(args: argparse.Namespace, title: str, figures, targets) -> int:
 
     from ..tools.bench import live
 
-    if args.json:
+    if args.output == "json":
         json.dump({"figures": figures.to_json(), "targets": [t.to_json() for t in targets]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

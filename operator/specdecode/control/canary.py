@@ -399,15 +399,15 @@ def _start_if_due(
             return replace(decision, reason=f"{decision.reason}; {note}"), state
         if state.config_hash is None:
             return decision, state  # the running config's pods cannot be told apart yet
-        return _start(settings, policy, state, decision, purpose, candidate_k, at, schedule=schedule)
+        return _start(settings, policy, state, decision, observed, purpose, candidate_k, at, schedule=schedule)
     control = _control_due(settings, policy, state, decision, at)
     if control is not None:
         assert policy is not None
-        return _start(settings, policy, state, decision, Purpose.CONTROL, None, at, control)
+        return _start(settings, policy, state, decision, observed, Purpose.CONTROL, None, at, control)
     calibrate, waiting = _calibration_due(settings, policy, state, decision, observed, at)
     if calibrate is not None:
         assert policy is not None
-        return _start(settings, policy, state, decision, Purpose.CALIBRATE, None, at, calibrate)
+        return _start(settings, policy, state, decision, observed, Purpose.CALIBRATE, None, at, calibrate)
     if waiting is not None:
         return replace(decision, reason=f"{decision.reason}; {waiting}"), state
     return decision, state
@@ -415,12 +415,17 @@ def _start_if_due(
 
 def _start(
     settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, decision: Decision,
-    purpose: Purpose, candidate_k: Optional[int], at: float, why: Optional[str] = None,
-    schedule: Optional[Schedule] = None,
+    observed: PolicyObservations, purpose: Purpose, candidate_k: Optional[int], at: float,
+    why: Optional[str] = None, schedule: Optional[Schedule] = None,
 ) -> tuple[Decision, ControlState]:
     candidate_hash = policy.config_hash(candidate_k, schedule)
     candidate = policy.describe(candidate_k, schedule)
     wanted = decision.rule if decision.changes else None
+    short = _borrowed_capacity_short(settings, policy, state, decision, observed)
+    if short is not None:
+        return _experiment_hold(decision, state, (
+            f"{decision.reason}; no canary experiment with {candidate} now: {short} (autotune.allowOutages "
+            f"is false); keeping {state.config_label}"), wanted), state
     if decision.below_floor:
         # The collapse guard may change the running config at the next evaluation: a canary
         # started now would be cancelled then, its start-up and the borrowed replica's wasted.
@@ -441,6 +446,27 @@ def _start(
               f"replica(s) against {state.config_label}, before any change to every replica; {why}")
     experiments = (state.experiments + (experiment,))[-constants.MAX_EXPERIMENTS:]
     return _experiment_hold(decision, state, reason, wanted), replace(state, experiments=experiments)
+
+
+def _borrowed_capacity_short(
+    settings: PolicySettings, policy: ExperimentPolicy, state: ControlState, decision: Decision,
+    observed: PolicyObservations,
+) -> Optional[str]:
+    """Why a canary that borrows replicas from the main Deployment would leave too few to carry
+    the load while it starts (spec.autotune.allowOutages false), or None: the replicas left must
+    carry the load below ``restart_max_rollout_load``, as a restart's must (`disruption.gate`)."""
+    if settings.allow_outages or not policy.plan.borrows_replicas(policy.spec):
+        return None
+    current = {p.k: p for p in decision.predictions}.get(state.config)
+    if current is None or not observed.available or observed.window is None:
+        return None
+    main = policy.plan.main_replicas(policy.spec)
+    left = current.capacity_rps * main / max(1, settings.replicas)
+    rate = observed.highest_request_rate(settings)
+    if rate < settings.tuning.restart_max_rollout_load * left:
+        return None
+    return (f"at {rate:.2f} req/s the {main} replica(s) left serving while its canary starts would carry "
+            f"{rate / left:.0%} of the {left:.1f} req/s they can")
 
 
 def backing_off(settings: PolicySettings, state: ControlState, config: Config, at: float) -> Optional[str]:

@@ -88,6 +88,9 @@ class Held(StrEnum):
 
     OVERLOAD = "overload"
     """The rollout would overload the replicas left serving and not repay itself."""
+    OUTAGE = "outage"
+    """spec.autotune.allowOutages is false and the rollout would leave no replica serving, or
+    too few to carry the load (`disruption.gate`): the change stays a recommendation."""
     PRICE = "price"
     """The restart makes the change slower than staying over the payback horizon."""
     COOLDOWN = "cooldown"

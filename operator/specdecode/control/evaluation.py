@@ -21,6 +21,7 @@ from specdecode.control import state as cs
 from specdecode.control import status as st
 from specdecode.control.decision import Action, Decision
 from specdecode.control.estimates import PolicyObservations, binomial_stderr
+from specdecode.control.explain import fmt_s
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.step import step
 
@@ -137,6 +138,10 @@ def apply_decision(
             decision.effective_reason, decision.effective_message, now, generation,
         )
 
+    slo = slo_condition(spec, observed.window if observed.available else None, decision)
+    if slo is not None:
+        conds = st.set_condition(conds, C.COND_SLO_MET, *slo, now, generation)
+
     recommendation = api.Recommendation.model_validate(decision.recommendation_status(epoch))
     new_advice = status.recommendation is None or not _same_advice(status.recommendation, recommendation)
     if not new_advice:
@@ -167,6 +172,36 @@ def apply_decision(
         plan = api.PlanStatus.model_validate(decision.plan.to_status(epoch))
     new_status = new_status.model_copy(update={"conditions": conds, "recommendation": recommendation, "plan": plan})
     return EvaluationResult(new_status, decision, tuple(events), rerender, started, ended)
+
+
+def slo_condition(
+    spec: api.SpecDecodeServiceSpec, window: Optional[metrics.Observation], decision: Decision,
+) -> Optional[tuple[bool, str, str]]:
+    """SLOMet (status, reason, message) from the long window's P95 against spec.autotune.slo;
+    None (left as it is) without an SLO or without a P95 the window is sure of. The message
+    carries no live figures, so a steady breach costs no status write a minute; the
+    decision's reason (status.recommendation) has them."""
+    objectives = (
+        ("end-to-end latency", spec.autotune.slo.p95_end_to_end, None if window is None else window.e2e_p95_s),
+        ("time per output token", spec.autotune.slo.p95_time_per_output_token,
+         None if window is None else window.tpot_p95_s),
+    )
+    declared = [(what, api.parse_duration(slo), p95) for what, slo, p95 in objectives if slo]
+    if not declared:
+        return None
+    measured = [(what, slo, p95) for what, slo, p95 in declared if p95 is not None]
+    if not measured:
+        return None
+    broken = [f"P95 {what} is over its {fmt_s(slo)} objective" for what, slo, p95 in measured if p95 > slo]
+    if not broken:
+        return True, C.REASON_SLO_MET, "P95 latency within every objective over the last window"
+    if decision.applied and decision.changes:
+        doing = "the operator is changing speculation to fix it"
+    elif decision.changes:
+        doing = "the operator recommends a change it does not make (status.recommendation says why)"
+    else:
+        doing = "no change the operator may make now is predicted to fix it (status.recommendation)"
+    return False, C.REASON_SLO_BREACHED, f"{'; '.join(broken)}: {doing}"
 
 
 def experiment_transitions(

@@ -935,6 +935,36 @@ def pod_startup_failure(pod: Mapping[str, Any], now: datetime, startup_deadline_
     return _startup_timeout(pod, now, startup_deadline_s, failure)
 
 
+# Waiting reasons that are a pod's normal way to start, not a cause to report.
+_STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def pods_waiting(pods: Iterable[Mapping[str, Any]]) -> Optional[tuple[str, str]]:
+    """Why pods that are not ready wait, in their own words: (reason, "pod NAME: message") of
+    the first pod (by name) that the scheduler cannot place (PodScheduled False: unschedulable,
+    a PersistentVolumeClaim that does not exist) or whose container waits on something other
+    than its normal start (an image that cannot be pulled, a missing Secret); None when every
+    pod is ready, terminating or simply starting. `pod_startup_failure` judges failures; this
+    says why a rollout makes no progress before any deadline passed."""
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):
+        metadata = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        if metadata.get("deletionTimestamp") or _ready(status):
+            continue
+        name = metadata.get("name", "")
+        for c in status.get("conditions") or ():
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                reason = str(c.get("reason") or "Unschedulable")
+                return reason, f"pod {name}: {c.get('message') or 'not scheduled'}"
+        for _, cs in _container_statuses(status):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason and reason not in _STARTING_REASONS:
+                detail = waiting.get("message") or f"container {cs.get('name')} waiting"
+                return str(reason), f"pod {name}: {detail}"
+    return None
+
+
 def _main_container(statuses: Iterable[tuple[bool, Mapping[str, Any]]]) -> Optional[Mapping[str, Any]]:
     """The vLLM container's status (the one named vllm, else the first regular one), or the
     first init container still pending, which is what the pod waits on."""

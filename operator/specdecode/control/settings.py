@@ -173,6 +173,10 @@ class PolicySettings:
     replicas: int = 1
     max_surge: int = 0
     max_unavailable: int = 1
+    allow_outages: bool = True
+    """spec.autotune.allowOutages: whether a change may roll out when the replicas left serving
+    cannot carry the load (`disruption.gate`). The API defaults it to false (`from_spec`); a
+    direct construction keeps the rules alone, as the rules' own tests and tools expect."""
     restart_s: float = 180.0
     """Time a restarted replica serves nothing (model load): the restart price's duration."""
     scrape_interval_s: float = 15.0
@@ -266,6 +270,7 @@ class PolicySettings:
             replicas=spec.replicas,
             max_surge=spec.rollout.max_surge,
             max_unavailable=spec.rollout.max_unavailable,
+            allow_outages=auto.allow_outages,
             restart_s=restart_s,
             scrape_interval_s=scrape,
             prior=prior,

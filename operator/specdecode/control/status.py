@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional
 
 from specdecode import api
 from specdecode import constants as C
+from specdecode.control import disruption
+from specdecode.control.settings import PolicySettings
 from specdecode.control.state import Cause, declared_speculation_hash
 from specdecode.render.workload import SpeculationChoice
 from specdecode.timestamps import rfc3339
@@ -187,6 +189,9 @@ class ReconcileOutcome:
     config_hash: Optional[str] = None
     method: Optional[str] = None
     selector: Optional[str] = None
+    pods_waiting: Optional[tuple[str, str]] = None
+    """Why the config's pods that are not ready wait, in their words (`failures.pods_waiting`):
+    (reason, message); None when none waits on anything but its start."""
 
 
 def model_cache_condition(spec: api.SpecDecodeServiceSpec) -> tuple[bool, str, str]:
@@ -260,7 +265,11 @@ def next_status(
         conds = set_condition(conds, C.COND_READY, True, C.REASON_AVAILABLE, f"{r.available}/{r.desired} replicas available", now, generation)
     else:
         reason = "ScaledToZero" if r.exists and r.desired == 0 else C.REASON_UNAVAILABLE
-        conds = set_condition(conds, C.COND_READY, False, reason, f"{r.available}/{r.desired} replicas available", now, generation)
+        message = f"{r.available}/{r.desired} replicas available"
+        if outcome.pods_waiting is not None and reason == C.REASON_UNAVAILABLE:
+            reason, why = outcome.pods_waiting
+            message = f"{message}: {why}"
+        conds = set_condition(conds, C.COND_READY, False, reason, message, now, generation)
 
     if outcome.choice.enabled:
         spec_cond = (True, C.REASON_SPECULATION_ON, f"{described} {'running' if live else 'rolling out'}")
@@ -277,6 +286,8 @@ def next_status(
         conds = set_condition(conds, C.COND_SPECULATION_EFFECTIVE, *spec_cond, now, generation)
 
     conds = set_condition(conds, C.COND_MODEL_CACHE_EPHEMERAL, *model_cache_condition(spec), now, generation)
+    risk = disruption.outage_risk(PolicySettings.from_spec(spec), spec.autotune.mode == api.AutotuneMode.AUTO)
+    conds = set_condition(conds, C.COND_OUTAGE_RISK, risk.status, risk.reason, risk.message, now, generation)
 
     if outcome.apply_error is not None or (r.deadline_exceeded and not r.live):
         phase = C.PHASE_DEGRADED

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from specdecode import constants
 from specdecode.control.canary import run as run_experiments, serving_settings
-from specdecode.control import schedules
+from specdecode.control import disruption, schedules
 from specdecode.control.decision import Decision
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.memory import history_entry, recent_low_alpha, recent_peak, stored
@@ -32,10 +32,13 @@ def step(
     have their say (`canary.run`: a predicted move may start an experiment instead; a running
     one is measured on ``canary``, the canary's observation, against ``observed``, and may be
     promoted, aborted or cancelled). A schedule adopted or replaced is such a predicted move:
-    it runs on the canary first, and a promotion puts it in effect."""
+    it runs on the canary first, and a promotion puts it in effect. Last, `disruption.gate`
+    turns a rollout the replicas left serving could not carry into a recommendation
+    (spec.autotune.allowOutages false)."""
     decision = decide(serving_settings(settings, state), state, observed, state.history, now)
     decision, update = schedules.consider(settings, state, observed, decision, now)
     decision, measured = run_experiments(settings, state, decision, observed, canary, now)
+    decision = disruption.gate(settings, observed, decision, state.config)
     window = observed.window if observed.available else None
     after = advance(measured, decision, window, settings.min_drafts, now,
                     settings.tuning.past_capacity_margin if settings.tuning.planner else None)

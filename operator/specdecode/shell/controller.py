@@ -248,9 +248,13 @@ class Controller:
         deployment, applied, apply_error = live.deployment, live.applied, live.error
         if "Deployment" in applied:
             crashpoints.reach(crashpoints.DEPLOYMENT_APPLIED)
+        rollout = st.rollout_state(deployment, config)
+        # The config's pods, read only while its rollout is not live: why they wait goes into
+        # status (Ready's reason and message), and a start-up failure is looked for among them.
+        pods = self._config_pods(service, config) if not rollout.live and _has_pods(deployment) else None
         outcome = st.ReconcileOutcome(
             apply_error=apply_error,
-            rollout=st.rollout_state(deployment, config),
+            rollout=rollout,
             canary=st.rollout_state(live.canary, render.config_hash(spec, canary.candidate))
             if live.canary is not None and canary is not None else None,
             choice=choice,
@@ -259,6 +263,7 @@ class Controller:
             config_hash=config,
             method=spec.speculation.method.value,
             selector=render.selector_string(service.name),
+            pods_waiting=failures.pods_waiting(pods) if pods else None,
         )
         new = st.next_status(remembered, outcome, spec, generation, now)
         draft_message = f"{compat.message} Fix: {compat.fix}" if compat.fix else compat.message
@@ -268,8 +273,8 @@ class Controller:
             new = new.model_copy(update={"conditions": conditions})
         events: list[tuple[str, str, str]] = []
         rerender = False
-        if not outcome.rollout.live and _has_pods(deployment):
-            found = self._startup_failure(service, choice, config, now)
+        if pods is not None:
+            found = self._startup_failure(service, choice, config, now, pods=pods)
             if found is not None:
                 result = fallback.apply_startup_failure(new, spec, choice, config, *found, generation, now)
                 new, events, rerender = result.status, list(result.events), result.rerender
@@ -333,17 +338,23 @@ class Controller:
         where = f"pod {failure.pod}: {diagnosis.line or failure.detail}"
         return f"the canary's pods cannot start: {diagnosis.cause.value}: {where}. Fix: {diagnosis.fix}"
 
-    def _startup_failure(
-        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime,
-        canary: bool = False,
-    ) -> Optional[tuple[failures.PodFailure, failures.Diagnosis]]:
-        """The first pod of the config that cannot start, and why (its termination message and
-        log tail, read as `kubectl logs [--previous]` would): of the canary's pods, or else of
-        the main Deployment's (a canary that runs the same config is not theirs)."""
-        spec = service.spec
+    def _config_pods(self, service: api.SpecDecodeService, config: str, canary: bool = False) -> list[dict[str, Any]]:
+        """The pods of the config: the canary's, or else the main Deployment's (a canary that
+        runs the same config is not theirs)."""
         which = f"{C.LABEL_CANARY}=true" if canary else f"!{C.LABEL_CANARY}"
         selector = f"{render.selector_string(service.name)},{which},{C.LABEL_CONFIG_HASH}={config}"
-        pods = self.kube.list("v1", "Pod", service.namespace, label_selector=selector)
+        return self.kube.list("v1", "Pod", service.namespace, label_selector=selector)
+
+    def _startup_failure(
+        self, service: api.SpecDecodeService, choice: render.SpeculationChoice, config: str, now: datetime,
+        canary: bool = False, pods: Optional[list[dict[str, Any]]] = None,
+    ) -> Optional[tuple[failures.PodFailure, failures.Diagnosis]]:
+        """The first pod of the config that cannot start, and why (its termination message and
+        log tail, read as `kubectl logs [--previous]` would), among ``pods`` (default: the
+        config's, `_config_pods`)."""
+        spec = service.spec
+        if pods is None:
+            pods = self._config_pods(service, config, canary)
         deadline_s = api.parse_duration(spec.rollout.startup_timeout)
         failing = failures.pods_failing(pods, config, now, deadline_s)
         if not failing:
@@ -520,7 +531,11 @@ class Controller:
     def _write_status(
         self, body: dict[str, Any], current: api.SpecDecodeServiceStatus, new: api.SpecDecodeServiceStatus
     ) -> bool:
-        """Write status only when it changed; True when written."""
+        """Write status only when it changed; True when written. The phase and condition
+        metrics follow what status says either way (an operator restart sets them at once)."""
+        meta = body["metadata"]
+        instrumentation.record_status(meta.get("namespace", ""), meta["name"], new.phase,
+                                      ((c.type, c.status, c.reason) for c in new.conditions))
         if new.to_wire() == current.to_wire():
             return False
         try:
@@ -528,6 +543,5 @@ class Controller:
         except ApiException:
             instrumentation.ERRORS.labels("status").inc()
             raise
-        meta = body["metadata"]
         self._status_written[(meta.get("namespace"), meta["name"])] = self.clock()
         return True

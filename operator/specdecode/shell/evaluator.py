@@ -181,6 +181,8 @@ class Evaluator:
             # A Conflict (the object changed since kopf saw it) leaves the memory as it was:
             # the retry, with the newer object, evaluates again.
             self.kube.replace_status(body, result.status.to_wire())
+            instrumentation.record_status(namespace, name, result.status.phase,
+                                          ((c.type, c.status, c.reason) for c in result.status.conditions))
             for ended in result.experiments_ended:
                 instrumentation.record_experiment(namespace, name, ended.purpose, ended.verdict)
         memory.remember(scheduled, result.status.observations, decision.rule)

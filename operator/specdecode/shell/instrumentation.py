@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Iterable, Optional
 
 from prometheus_client import Counter, Gauge
 
-from ..constants import PROM_LABEL_SERVICE
+from ..constants import PHASE_DEGRADED, PHASE_PENDING, PHASE_PROGRESSING, PHASE_SERVING, PROM_LABEL_SERVICE
 
 # Per-service series carry the SpecDecodeService as `namespace` and `specdecode_service`, the
 # labels vLLM's series get from the PodMonitor, so rules join the two on (namespace,
@@ -63,6 +63,20 @@ ACCEPTANCE_FLOOR = Gauge(
     SERVICE_LABELS,
 )
 
+SERVICE_PHASE = Gauge(
+    "specdecode_service_phase",
+    "1 for the service's phase in status (Pending, Progressing, Serving, Degraded), 0 for the others.",
+    [*SERVICE_LABELS, "phase"],
+)
+SERVICE_CONDITION = Gauge(
+    "specdecode_service_condition",
+    "1 for each condition in the service's status, by type, status (True, False, Unknown) and reason "
+    "(CamelCase, from a fixed set: for example Degraded/True/InvalidSpec or Degraded/True/StartupFailure); "
+    "one series per condition type.",
+    [*SERVICE_LABELS, "type", "status", "reason"],
+)
+PHASES = (PHASE_PENDING, PHASE_PROGRESSING, PHASE_SERVING, PHASE_DEGRADED)
+
 PER_SERVICE = (SPECULATIVE_TOKENS, SPECULATION_ENABLED, METRICS_AVAILABLE, ACCEPTANCE_RATE, ACCEPTANCE_ALPHA, ACCEPTANCE_FLOOR)
 
 
@@ -100,6 +114,27 @@ def record_acceptance(namespace: str, service: str, alpha: Optional[float], floo
         _remove(ACCEPTANCE_ALPHA, namespace, service)
 
 
+# The (status, reason) each service's condition series carries now, by (namespace, service,
+# type): a condition that changes reason must lose its old series, or both would read 1.
+_condition_series: dict[tuple[str, str, str], tuple[str, str]] = {}
+
+
+def record_status(namespace: str, service: str, phase: Optional[str],
+                  conditions: Iterable[tuple[str, str, str]]) -> None:
+    """The service's phase and conditions ((type, status, reason) each) as status has them:
+    what alerts on an invalid spec, a start-up failure or a broken SLO read."""
+    for known in PHASES:
+        SERVICE_PHASE.labels(namespace, service, known).set(1 if known == phase else 0)
+    with _decision_series_lock:
+        for type_, status, reason in conditions:
+            key = (namespace, service, type_)
+            previous = _condition_series.get(key)
+            if previous is not None and previous != (status, reason):
+                _remove(SERVICE_CONDITION, namespace, service, type_, *previous)
+            _condition_series[key] = (status, reason)
+            SERVICE_CONDITION.labels(namespace, service, type_, status, reason).set(1)
+
+
 def record_speculation(namespace: str, service: str, k: int | None) -> None:
     SPECULATIVE_TOKENS.labels(namespace, service).set(k or 0)
     SPECULATION_ENABLED.labels(namespace, service).set(1 if k else 0)
@@ -117,12 +152,16 @@ def forget_service(namespace: str, service: str) -> None:
     and experiment counts so deleted services do not add up."""
     for gauge in PER_SERVICE:
         _remove(gauge, namespace, service)
+    for known in PHASES:
+        _remove(SERVICE_PHASE, namespace, service, known)
     _remove(EVALUATIONS, namespace, service)
     with _decision_series_lock:
         counted = {labels for labels in _decision_series if labels[:2] == (namespace, service)}
         _decision_series.difference_update(counted)
         for labels in counted:
             _remove(DECISIONS, *labels)
+        for key in [key for key in _condition_series if key[:2] == (namespace, service)]:
+            _remove(SERVICE_CONDITION, *key, *_condition_series.pop(key))
         ended = {labels for labels in _experiment_series if labels[:2] == (namespace, service)}
         _experiment_series.difference_update(ended)
         for labels in ended:

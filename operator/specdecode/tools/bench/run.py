@@ -85,12 +85,15 @@ RESTART_S = 180.0
 
 def service_spec(
     scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
-    schedules: bool | None = None,
+    schedules: bool | None = None, allow_outages: bool = True,
 ) -> api.SpecDecodeServiceSpec:
     """The scenario's service as a user would declare it: the API's defaults, the scenario's
     method, K bounds, replicas and SLO, K = 3 declared within the bounds; canary experiments
     as the API defaults them (on) or turned off (`autotune.experiments.enabled`); ``schedules``
-    sets autotune.schedules (None: the API's default)."""
+    sets autotune.schedules (None: the API's default). ``allow_outages`` is
+    autotune.allowOutages unless the scenario's autotune sets it: true by default, so that the
+    benchmark judges the policy's choices with restarts allowed, as a user who opted in runs it
+    (the API's default, false, is measured with ``bench policy --safe-defaults``)."""
     params = scenario.params
     speculation: dict[str, Any] = {
         "method": scenario.method, "numSpeculativeTokens": declared_config(params),
@@ -101,7 +104,7 @@ def service_spec(
     slo = {key: promql.format_duration(value) for key, value in
            (("p95EndToEnd", scenario.slo.p95_e2e_s), ("p95TimePerOutputToken", scenario.slo.p95_tpot_s))
            if value is not None}
-    autotune: dict[str, Any] = dict(scenario.autotune)
+    autotune: dict[str, Any] = {"allowOutages": allow_outages, **scenario.autotune}
     autotune["experiments"] = {**autotune.get("experiments", {}), "enabled": experiments}
     if slo:
         autotune["slo"] = slo
@@ -118,12 +121,12 @@ def service_spec(
 
 def policy_settings(
     scenario: Scenario, scrape_interval_s: float = SCRAPE_INTERVAL_S, experiments: bool = True,
-    schedules: bool | None = None, planner: bool = False,
+    schedules: bool | None = None, planner: bool = False, allow_outages: bool = True,
 ) -> PolicySettings:
     """The production settings of the scenario's service (`PolicySettings.from_spec`);
     ``planner``: tuning by the receding-horizon planner (`PolicyTuning.planner`)."""
     return PolicySettings.from_spec(
-        service_spec(scenario, scrape_interval_s, experiments, schedules), restart_s=RESTART_S,
+        service_spec(scenario, scrape_interval_s, experiments, schedules, allow_outages), restart_s=RESTART_S,
         tuning=PolicyTuning(planner=planner),
     )
 
@@ -232,7 +235,8 @@ def run_policy(
     start-up again). ``on_evaluation`` sees every evaluation's result as it happens, with the
     simulated time (`specdecode bench trace`)."""
     settings = settings or policy_settings(scenario, experiments=experiments)
-    spec = service_spec(scenario, experiments=experiments, schedules=settings.schedules)
+    spec = service_spec(scenario, experiments=experiments, schedules=settings.schedules,
+                        allow_outages=settings.allow_outages)
     params = scenario.params
     replicas = params.replicas
     scrape = settings.scrape_interval_s
@@ -525,14 +529,15 @@ EXPERIMENT_MODES = {"on": (True,), "off": (False,), "compare": (True, False)}
 
 
 def run_variant(
-    scenario: Scenario, measure: "Yardstick", experiments: bool, planner: bool = False,
+    scenario: Scenario, measure: "Yardstick", experiments: bool, planner: bool = False, allow_outages: bool = True,
 ) -> tuple[PolicyVariant, PolicyRun, list[engine.Segment], PolicySettings]:
-    settings = policy_settings(scenario, experiments=experiments, planner=planner)  # schedules as the API defaults them
+    settings = policy_settings(scenario, experiments=experiments, planner=planner,  # schedules as the API defaults them
+                               allow_outages=allow_outages)
     run = run_policy(scenario, settings, experiments=experiments)
     segments = engine.evaluate_schedule(scenario, measure.evaluator, run.schedule)
     raw = figures(segments, len(run.changes))
     best = engine.best_axes(f.axes for f in measure.figures().values())
-    plan = CanaryPlan.from_spec(service_spec(scenario, experiments=experiments))
+    plan = CanaryPlan.from_spec(service_spec(scenario, experiments=experiments, allow_outages=allow_outages))
     rollout_s = _align(scenario.params.rollout_s, settings.scrape_interval_s)
     ended = [s for s in run.experiments if s.ended is not None]
     variant = PolicyVariant(
@@ -831,11 +836,13 @@ def _schedule_view(
 
 def run_scenario(
     path: str | Path, schedules: bool = True, experiments: str = "on", planner: bool = False,
+    allow_outages: bool = True,
 ) -> ScenarioResult:
     """Every strategy on one scenario file: the policy (with canary experiments ``on``,
-    ``off``, or both: ``compare``; by the rules, or by the planner with ``planner``), every
-    static choice, the oracle (and, with ``schedules``, the schedule family, each static,
-    and the oracle with it)."""
+    ``off``, or both: ``compare``; by the rules, or by the planner with ``planner``; with
+    autotune.allowOutages ``allow_outages`` unless the scenario sets it), every static
+    choice, the oracle (and, with ``schedules``, the schedule family, each static, and the
+    oracle with it)."""
     if experiments not in EXPERIMENT_MODES:
         raise ValueError(f"experiments must be one of {', '.join(EXPERIMENT_MODES)}, got {experiments!r}")
     started = time.perf_counter()
@@ -846,7 +853,8 @@ def run_scenario(
     variants: dict[str, PolicyVariant] = {}
     primary = None
     for enabled in EXPERIMENT_MODES[experiments]:
-        variant, variant_run, variant_segments, variant_settings = run_variant(scenario, measure, enabled, planner)
+        variant, variant_run, variant_segments, variant_settings = run_variant(
+            scenario, measure, enabled, planner, allow_outages)
         variants["on" if enabled else "off"] = variant
         if primary is None:
             primary = (variant_run, variant_segments, variant_settings)
@@ -856,7 +864,8 @@ def run_scenario(
         # The policy again with autotune.schedules Off (and the primary variant's experiments).
         with_experiments = EXPERIMENT_MODES[experiments][0]
         plain = run_policy(
-            scenario, policy_settings(scenario, experiments=with_experiments, schedules=False, planner=planner),
+            scenario, policy_settings(scenario, experiments=with_experiments, schedules=False, planner=planner,
+                                      allow_outages=allow_outages),
             experiments=with_experiments,
         )
         plain_figures = figures(engine.evaluate_schedule(scenario, evaluator, plain.schedule), len(plain.changes))

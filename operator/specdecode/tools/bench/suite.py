@@ -37,6 +37,7 @@ def run_suite(
     on_done: Callable[[ScenarioResult], None] | None = None,
     experiments: str = "on",
     planner: bool = False,
+    allow_outages: bool = True,
 ) -> list[ScenarioResult]:
     """Run every scenario, ``jobs`` at a time (default: the CPUs), results in input order;
     the policy with canary experiments ``on``, ``off`` or both (``compare``).
@@ -49,7 +50,7 @@ def run_suite(
     if jobs == 1 or len(paths) == 1:
         results = []
         for path in paths:
-            result = run_scenario(path, experiments=experiments, planner=planner)
+            result = run_scenario(path, experiments=experiments, planner=planner, allow_outages=allow_outages)
             if on_done:
                 on_done(result)
             results.append(result)
@@ -58,7 +59,7 @@ def run_suite(
     order = sorted(range(len(paths)), key=lambda i: -_cost_hint(paths[i]))
     results: dict[int, ScenarioResult] = {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_scenario, paths[i], True, experiments, planner): i for i in order}
+        futures = {pool.submit(run_scenario, paths[i], True, experiments, planner, allow_outages): i for i in order}
         for future in concurrent.futures.as_completed(futures):
             result = future.result()
             results[futures[future]] = result
