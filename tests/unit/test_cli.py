@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from specdecode.cli import main
+from specdecode.cli import ExitCode, main
 
 from .conftest import REPO
 
@@ -34,7 +34,7 @@ def test_render_json_is_a_list(capsys):
 
 
 def test_render_k_outside_the_bounds_is_refused(capsys):
-    assert main(["render", "-f", DRAFT_SAMPLE, "--k", "12"]) == 2
+    assert main(["render", "-f", DRAFT_SAMPLE, "--k", "12"]) == ExitCode.USAGE
     assert "--k 12: must lie within" in capsys.readouterr().err
 
 
@@ -43,46 +43,47 @@ def test_validate_accepts_a_sample(capsys):
     assert "is valid" in capsys.readouterr().out
 
 
-BROKEN_FILES = {
-    "not-yaml": ("spec: [unclosed", "not valid YAML at line"),
-    "wrong-kind": ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", "kind: expected SpecDecodeService"),
+BROKEN_FILES = {  # text, words the one line says, exit code
+    "not-yaml": ("spec: [unclosed", "not valid YAML at line", ExitCode.UNREADABLE),
+    "wrong-kind": ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", "kind: expected SpecDecodeService", ExitCode.INVALID),
     "unknown-field": (
         "apiVersion: serving.specdecode.io/v1alpha1\nkind: SpecDecodeService\nmetadata: {name: x}\n"
         "spec: {model: {name: m}, speculation: {method: ngram, numSpeculativeToken: 3}}\n",
-        "spec.speculation.numSpeculativeToken: is not a field",
+        "spec.speculation.numSpeculativeToken: is not a field", ExitCode.INVALID,
     ),
     "missing-field": (
         "apiVersion: serving.specdecode.io/v1alpha1\nkind: SpecDecodeService\nmetadata: {name: x}\nspec: {model: {name: m}}\n",
-        "spec.speculation: is required",
+        "spec.speculation: is required", ExitCode.INVALID,
     ),
     "wrong-type": (
         "apiVersion: serving.specdecode.io/v1alpha1\nkind: SpecDecodeService\nmetadata: {name: x}\n"
         "spec: {model: {name: m}, speculation: {method: ngram}, replicas: two}\n",
-        "spec.replicas: must be a valid integer",
+        "spec.replicas: must be a valid integer", ExitCode.INVALID,
     ),
     "rule-broken": (
         "apiVersion: serving.specdecode.io/v1alpha1\nkind: SpecDecodeService\nmetadata: {name: x}\n"
         "spec: {model: {name: m}, speculation: {method: eagle3}}\n",
-        "spec.speculation: draftModel is required",
+        "spec.speculation: draftModel is required", ExitCode.INVALID,
     ),
-    "empty": ("", "no YAML document found"),
+    "empty": ("", "no YAML document found", ExitCode.INVALID),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN_FILES))
 @pytest.mark.parametrize("verb", ["validate", "render"])
-def test_broken_files_exit_2_with_one_line_naming_the_field(tmp_path, capsys, case, verb):
-    text, words = BROKEN_FILES[case]
+def test_broken_files_exit_invalid_or_unreadable_with_one_line_naming_the_field(tmp_path, capsys, case, verb):
+    text, words, code = BROKEN_FILES[case]
     path = tmp_path / f"{case}.yaml"
     path.write_text(text)
-    assert main([verb, "-f", str(path)]) == 2
+    assert main([verb, "-f", str(path)]) == code
     err = capsys.readouterr().err
     assert words in err
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_missing_file_is_a_user_error(capsys):
-    assert main(["validate", "-f", "/nonexistent/sds.yaml"]) == 2
+@pytest.mark.parametrize("verb", ["validate", "render"])
+def test_a_missing_file_is_unreadable_input(capsys, verb):
+    assert main([verb, "-f", "/nonexistent/sds.yaml"]) == ExitCode.UNREADABLE
     assert "cannot read the file" in capsys.readouterr().err
 
 
@@ -91,7 +92,7 @@ def test_console_script_reads_standard_input_and_never_prints_a_traceback():
     done = subprocess.run(
         [sys.executable, "-m", "specdecode.cli", "validate", "-f", "-"], input=bad, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2
+    assert done.returncode == ExitCode.INVALID
     assert done.stderr.startswith("error: -: spec.speculation:") and "Traceback" not in done.stderr
 
 
@@ -117,7 +118,7 @@ def gitops_folder(tmp_path):
 
 def test_validate_reports_every_error_of_a_folder_with_file_and_document(tmp_path, capsys):
     folder = gitops_folder(tmp_path)
-    assert main(["validate", "-f", str(folder)]) == 2
+    assert main(["validate", "-f", str(folder)]) == ExitCode.INVALID
     out, err = capsys.readouterr()
     services = folder / "apps" / "services.yaml"
     assert f"{services}: document 2: SpecDecodeService team-a/good is valid" in out
@@ -131,7 +132,7 @@ def test_validate_reports_every_error_of_a_folder_with_file_and_document(tmp_pat
 
 def test_validate_json_lists_every_document(tmp_path, capsys):
     folder = gitops_folder(tmp_path)
-    assert main(["validate", "-f", str(folder), "-o", "json"]) == 2
+    assert main(["validate", "-f", str(folder), "-o", "json"]) == ExitCode.INVALID
     report = json.loads(capsys.readouterr().out)
     assert report["valid"] is False and report["errors"] == 2
     assert [(d["name"], d["document"], d["valid"]) for d in report["documents"]] == [
@@ -147,7 +148,7 @@ def test_validate_all_samples_as_a_directory_with_json(capsys):
 
 @pytest.mark.parametrize("verb", ["validate", "render"])
 def test_unknown_vllm_version_is_refused_with_the_known_ones(capsys, verb):
-    assert main([verb, "-f", DRAFT_SAMPLE, "--vllm-version", "0.34.0"]) == 2
+    assert main([verb, "-f", DRAFT_SAMPLE, "--vllm-version", "0.34.0"]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: --vllm-version 0.34.0: unknown vLLM version; known: 0.8.2, ")
     assert "0.33.0" in err and err.count("\n") == 1
@@ -155,7 +156,7 @@ def test_unknown_vllm_version_is_refused_with_the_known_ones(capsys, verb):
 
 @pytest.mark.parametrize("version", ["0.33.O", "nightly", "0.13.0", "1.0.0"])
 def test_typos_non_releases_and_unread_releases_are_refused(capsys, version):
-    assert main(["validate", "-f", DRAFT_SAMPLE, "--vllm-version", version]) == 2
+    assert main(["validate", "-f", DRAFT_SAMPLE, "--vllm-version", version]) == ExitCode.USAGE
     assert f"--vllm-version {version}: unknown vLLM version" in capsys.readouterr().err
 
 
@@ -167,7 +168,7 @@ def test_known_vllm_versions_and_their_patches_are_accepted(capsys, version):
 def test_validate_with_an_old_vllm_version_names_what_it_cannot_run(tmp_path, capsys):
     path = tmp_path / "eagle3.yaml"
     path.write_text((REPO / "manifests" / "samples" / "llama-3.1-8b-eagle3.yaml").read_text())
-    assert main(["validate", "-f", str(path), "--vllm-version", "0.8.2"]) == 2
+    assert main(["validate", "-f", str(path), "--vllm-version", "0.8.2"]) == ExitCode.INVALID
     assert "vLLM 0.8.2" in capsys.readouterr().err
 
 
@@ -184,7 +185,7 @@ def test_cluster_env_exports_the_kubeconfig_and_puts_the_stack_first_on_path():
 
 
 def test_cluster_env_of_a_cluster_that_is_not_up_says_how_to_start_it(capsys, tmp_path):
-    assert main(["cluster", "env", "--name", "nothing-here", "--state-dir", str(tmp_path / "none")]) == 2
+    assert main(["cluster", "env", "--cluster-name", "nothing-here", "--state-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "specdecode cluster" in err and err.count("\n") == 1
 

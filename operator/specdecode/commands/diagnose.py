@@ -53,7 +53,10 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if args.spec:
         from .api_commands import load_service
 
-        spec = load_service(args.spec).spec
+        try:
+            spec = load_service(args.spec).spec
+        except UserError as err:  # the spec only words the fix: an unusable one is a flag's error
+            raise UserError(f"--spec {err}") from None
         speculation = PodSpeculation.of(spec, enabled=True)
     else:
         speculation = speculation_from_log(text)
