@@ -13,11 +13,11 @@ import shlex
 import subprocess
 import sys
 
-from specdecode.cli import UserError, command
+from specdecode.cli import UserError, add_cluster_name_flag, add_output_flag, command
 
 
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default="specdecode", help="cluster name (default: %(default)s)")
+    add_cluster_name_flag(parser, "specdecode", help="cluster name (default: %(default)s)")
     parser.add_argument("--state-dir", default=None,
                         help="directory of the cluster's state (default: "
                              "$SPECDECODE_STATE_DIR/NAME or ~/.local/state/specdecode/cluster/NAME)")
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     status = actions.add_parser("status", help="show whether the cluster runs (exit 0 running, 3 otherwise)")
     _add_target_arguments(status)
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_flag(status)
     status.set_defaults(func=_status)
 
     kubeconfig = actions.add_parser("kubeconfig", help="print the kubeconfig path (export KUBECONFIG=$(...))")
@@ -123,7 +123,7 @@ def _up(args: argparse.Namespace) -> int:
     print(f"  {shlex.quote(str(info.kubectl))} --kubeconfig {kubeconfig} get nodes")
     print(f"audit log: {info.audit_log}")
     print(f"component logs: {info.log_dir}")
-    print(f"stop it with: specdecode cluster down --name {info.name}")
+    print(f"stop it with: specdecode cluster down --cluster-name {info.name}")
     return 0
 
 
@@ -144,7 +144,7 @@ def _status(args: argparse.Namespace) -> int:
         status = _cluster(args).status()
     except ClusterError as err:
         raise _fail(err) from err
-    if args.json:
+    if args.output == "json":
         print(json.dumps({
             "name": status.name,
             "state": status.state,
@@ -196,7 +196,7 @@ def _binaries_and_kubeconfig(args: argparse.Namespace):
 def _env(args: argparse.Namespace) -> int:
     binaries, kubeconfig = _binaries_and_kubeconfig(args)
     print(f"# kubectl {binaries.kubernetes_version} and helm {binaries.helm_version} of the local stack; "
-          f"run: eval \"$(specdecode cluster env --name {args.name})\"")
+          f"run: eval \"$(specdecode cluster env --cluster-name {args.name})\"")
     for line in env_exports(str(kubeconfig), [str(binaries.kubectl.parent), str(binaries.helm.parent)]):
         print(line)
     return 0

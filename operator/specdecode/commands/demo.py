@@ -387,7 +387,7 @@ def _shut_down(console, stack, args: argparse.Namespace, applied: list[dict]) ->
             console.print(f"  export KUBECONFIG={kubeconfig}", markup=False)
             console.print("  kubectl get sds -A")
             console.print(f"  kubectl describe sds -n {args.namespace}", markup=False)
-            console.print(f"stop it with: specdecode cluster down --name {args.cluster_name}", markup=False)
+            console.print(f"stop it with: specdecode cluster down --cluster-name {args.cluster_name}", markup=False)
 
 
 # ---------------------------------------------------------------------------- the helpers
