@@ -177,6 +177,23 @@ def test_helm_lint_passes_strictly():
     assert "0 chart(s) failed" in done.stdout
 
 
+@pytest.mark.parametrize("values", ["namespaced", "everything", "second-release"])
+def test_helm_lint_passes_strictly_with_other_values(values):
+    args = [a for value in VALUE_SETS[values] for a in ("--set", value)]
+    done = helm("lint", "--strict", str(CHART), *args)
+    assert "0 chart(s) failed" in done.stdout
+
+
+def test_the_ca_key_default_is_the_crds():
+    """One default for the CA bundle's key: the operator's own Prometheus (values) and a
+    service's spec.metrics.auth.caSecret (the CRD)."""
+    crd = yaml.safe_load((REPO / "crds" / "specdecodeservices.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    auth = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["metrics"]["properties"]["auth"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert auth["properties"]["caSecret"]["properties"]["key"]["default"] == values["prometheus"]["auth"]["caSecret"]["key"] == "ca.crt"
+
+
 def test_default_values_render_the_kustomize_install():
     compare_with_kustomize(template(crds=True), "default")
 
@@ -324,6 +341,13 @@ def test_image_resources_and_log_format_come_from_values():
     ("prometheus.allowedUrls={thanos.example.com}", "/prometheus/allowedUrls/0"),
     ("reconcileInterval=0", "reconcileInterval"),
     ("promethues.url=http://x", "promethues"),
+    ("image.digest=latest", "/image/digest"),
+    ("nameOverride=Spec_Decode", "/nameOverride"),
+    ("serviceAccount.create=maybe", "/serviceAccount/create"),
+    ("crds.install=maybe", "/crds/install"),
+    ("crds.upgrade=true", "upgrade"),
+    ("extraEnv[0].value=no-name", "/extraEnv/0"),
+    ("extraVolumeMounts[0].name=proxy-ca", "/extraVolumeMounts/0"),
 ])
 def test_a_bad_value_fails_naming_it(value, named):
     """Helm names the value by its JSON pointer (/image/pullPolicy) and says what is wrong."""
