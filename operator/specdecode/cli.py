@@ -34,11 +34,10 @@ exit codes:
   0    success
   1    a finding short of failure: vLLM would silently drop part of a config (validate --vllm),
        the cause is not known (diagnose), a target falls short (bench)
-  2    usage error: a flag or its value is wrong, or the command needs the tools extra;
-       for one more release also: vLLM would refuse a config (validate --vllm; then 4),
-       and diagnose's log or --spec cannot be used
+  2    usage error: a flag or its value is wrong, or the command needs the tools extra
   3    cluster status: the local cluster is not running
-  4    invalid input: a SpecDecodeService fails validation or cannot be rendered
+  4    invalid input: a SpecDecodeService fails validation or cannot be rendered, or vLLM's
+       own parser refuses a config it would run (validate --vllm)
   5    unreadable input: a file is missing, not UTF-8, not YAML, or repeats a key
   130  interrupted (Ctrl-C)
   141  standard output was closed before the end (specdecode render ... | head)

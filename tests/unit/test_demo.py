@@ -13,7 +13,7 @@ from rich.console import Console
 
 from specdecode.tools import demo
 from specdecode.api import SpecDecodeService
-from specdecode.cli import main
+from specdecode.cli import ExitCode, main
 from specdecode.tools.scenario import load_scenario, parse_scenario
 
 from .conftest import SAMPLES, load_yaml
@@ -274,14 +274,14 @@ def test_timeline_png_is_written(tmp_path):
 # ------------------------------------------------------------------------------ the command
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--duration", "0s"], "--duration"),
-    (["--time-scale", "-1"], "--time-scale"),
-    (["--scenario", "no-such-scenario"], "no-such-scenario"),
-    (["--sample", "/nonexistent/sds.yaml"], "--sample /nonexistent/sds.yaml"),
+@pytest.mark.parametrize("argv, message, code", [
+    (["--duration", "0s"], "--duration", ExitCode.USAGE),
+    (["--time-scale", "-1"], "--time-scale", ExitCode.USAGE),
+    (["--scenario", "no-such-scenario"], "no-such-scenario", ExitCode.USAGE),
+    (["--sample", "/nonexistent/sds.yaml"], "--sample /nonexistent/sds.yaml", ExitCode.UNREADABLE),
 ])
-def test_demo_refuses_bad_arguments_before_starting_anything(argv, message, capsys, tmp_path):
-    assert main(["demo", "--workdir", str(tmp_path / "work"), *argv]) == 2
+def test_demo_refuses_bad_arguments_before_starting_anything(argv, message, code, capsys, tmp_path):
+    assert main(["demo", "--workdir", str(tmp_path / "work"), *argv]) == code
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
     assert not (tmp_path / "work").exists()

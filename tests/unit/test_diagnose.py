@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from specdecode.render import features as vs
-from specdecode.cli import main
+from specdecode.cli import ExitCode, main
 
 VOCAB_LOG = (
     "(APIServer pid=1) INFO 11-30 12:00:01 [api_server.py:1896] vLLM API server version 0.33.0\n"
@@ -48,7 +48,7 @@ def test_an_unknown_failure_exits_1(tmp_path, capsys):
 
 
 def test_an_unreadable_file_is_a_user_error(tmp_path, capsys):
-    assert main(["diagnose", "-f", str(tmp_path / "missing.log")]) == 2
+    assert main(["diagnose", "-f", str(tmp_path / "missing.log")]) == ExitCode.UNREADABLE
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "cannot read the file" in err and "Traceback" not in err
 
@@ -126,5 +126,5 @@ def test_oom_fix_names_the_speculation_from_the_logged_args_or_the_spec(tmp_path
     fix = capsys.readouterr().out.splitlines()[2]
     assert "speculation.draftModel 'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B'" in fix and "than K=3" in fix
     spec.write_text(SPEC.replace("eagle3", "eagle4"))
-    assert main(["diagnose", "-f", str(log), "--spec", str(spec)]) == 2
-    assert "spec.speculation.method" in capsys.readouterr().err
+    assert main(["diagnose", "-f", str(log), "--spec", str(spec)]) == ExitCode.INVALID
+    assert "--spec" in (err := capsys.readouterr().err) and "spec.speculation.method" in err

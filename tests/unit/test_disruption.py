@@ -203,3 +203,36 @@ def test_the_phase_and_condition_metrics_follow_status_and_drop_an_old_reason():
     instrumentation.forget_service("ns-m", "svc-m")
     assert _sample("specdecode_service_phase", **labels, phase="Serving") is None
     assert _sample("specdecode_service_condition", **labels, type="Degraded", status="False", reason="AsExpected") is None
+
+
+def _service_file(tmp_path, **spec_fields) -> str:
+    import yaml
+
+    spec = {"model": {"name": "m"}, "speculation": {"method": "ngram", "numSpeculativeTokens": 3}, **spec_fields}
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": f"{C.GROUP}/{C.VERSION}", "kind": C.KIND,
+                                    "metadata": {"name": "a", "namespace": "b"}, "spec": spec}))
+    return str(path)
+
+
+@pytest.mark.parametrize("spec_fields, warned, field", [
+    ({}, "autotune will only recommend changes", "spec.rollout"),
+    ({"autotune": {"allowOutages": True}}, "autotune may take the service down", "spec.autotune.allowOutages"),
+    ({"rollout": {"maxSurge": 1, "maxUnavailable": 0}}, None, None),
+    ({"replicas": 2}, None, None),
+])
+def test_validate_warns_before_apply_what_autotune_may_do_to_the_service(tmp_path, capsys, spec_fields, warned, field):
+    import json
+
+    from specdecode.cli import main
+
+    path = _service_file(tmp_path, **spec_fields)
+    assert main(["validate", "-f", path]) == 0  # a warning is not an error
+    err = capsys.readouterr().err
+    if warned is None:
+        assert "warning:" not in err
+        return
+    assert f"warning: {path}: {field}: {warned}" in err and "maxSurge: 1 and maxUnavailable: 0" in err
+    assert main(["validate", "-f", path, "-o", "json"]) == 0
+    (warning,) = json.loads(capsys.readouterr().out)["documents"][0]["warnings"]
+    assert warning["field"] == field and warning["fix"].startswith(("set spec.rollout", "to let autotune act"))

@@ -46,6 +46,7 @@ VLLM_METRICS = {
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
     "vllm:kv_cache_usage_perc",
+    "vllm:generation_tokens_total",
 }
 # ... and as Prometheus 2.x stores them from an OpenMetrics scrape (the colon escaped).
 VLLM_METRICS_ESCAPED = {name.replace("vllm:", "vllm_", 1) for name in VLLM_METRICS}
@@ -428,10 +429,13 @@ def test_alerts_cover_the_failure_modes():
     assert set(alerts) == {
         "SpecDecodeOperatorDown", "SpecDecodeReconcileErrors", "SpecDecodeOperatorErrors",
         "SpecDecodeSpeculationDisabledByFallback", "SpecDecodeAcceptanceBelowFloor", "SpecDecodeMetricsUnavailable",
+        "SpecDecodeInvalidSpec", "SpecDecodeDegraded", "SpecDecodeStartupFailed", "SpecDecodeSLOBreach",
+        "SpecDecodeOutageRisk",
     }
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
-        assert {"summary", "description", "runbook"} <= set(rule["annotations"]), name
+        assert {"summary", "description", "runbook_url"} <= set(rule["annotations"]), name
+        assert "runbook" not in rule["annotations"], name  # a link into the docs, not commands
     assert f'job="{METRICS_JOB}"' in alerts["SpecDecodeOperatorDown"]["expr"]
 
 

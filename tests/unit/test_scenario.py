@@ -193,7 +193,7 @@ def test_load_from_any_path_and_report_yaml_errors(tmp_path: Path) -> None:
     assert load_scenario(good).method == "ngram"
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
-    with pytest.raises(ScenarioError, match=r"broken.yaml: line \d+ invalid YAML"):
+    with pytest.raises(ScenarioError, match=r"broken.yaml: not valid YAML at line \d+"):
         load_scenario(broken)
     with pytest.raises(ScenarioError, match="no such file; give a path or a built-in scenario"):
         load_scenario(tmp_path / "absent.yaml")
@@ -252,3 +252,14 @@ def test_demo_tells_its_story() -> None:
     assert alphas[0] >= 0.75 and min(alphas) <= 0.25 and alphas[-1] >= 0.75
     assert max(rates) >= 30 and rates[-1] < 10
     assert sc.duration <= 20 * 60
+
+
+def test_a_scenario_file_that_is_not_utf8_or_repeats_a_key_is_one_clear_error(tmp_path):
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: x\n\xff\n")
+    with pytest.raises(ScenarioError, match=r"binary.yaml: not UTF-8: byte 0xff at line 2"):
+        load_scenario(binary)
+    repeated = tmp_path / "repeated.yaml"
+    repeated.write_text("name: x\nname: y\n")
+    with pytest.raises(ScenarioError, match=r"repeated.yaml.*'name'"):
+        load_scenario(repeated)

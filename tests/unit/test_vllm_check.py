@@ -13,7 +13,7 @@ import pytest
 
 from specdecode import api
 from specdecode.render import workload as render, vllm_check
-from specdecode.cli import main
+from specdecode.cli import ExitCode, main
 
 from .conftest import service_doc
 
@@ -64,7 +64,7 @@ def test_vllm_accepts_what_the_renderer_runs_for_its_own_release(tmp_path, capsy
 @needs_vllm
 def test_vllm_refuses_what_its_parser_does_not_know(tmp_path, capsys):
     path = write(tmp_path, engine=', extraArgs: ["--max-num-seqz", "8"]')
-    assert main(["validate", "-f", path, "--vllm"]) == 2
+    assert main(["validate", "-f", path, "--vllm"]) == ExitCode.INVALID
     err = capsys.readouterr().err
     assert "refused: off: vllm serve argument parser: " in err and "--max-num-seqz" in err
 

@@ -152,6 +152,7 @@ class DocumentResult:
     unreadable: bool = False  # the file could not be read (no document in it was looked at)
     service: Any = field(default=None, repr=False)  # the parsed service, when valid
     vllm_findings: list = field(default_factory=list)  # vllm_check.Finding, with --vllm
+    warnings: list[Problem] = field(default_factory=list)  # valid, but worth knowing (exit code unchanged)
 
     @property
     def where(self) -> str:
@@ -179,6 +180,7 @@ class DocumentResult:
         return {"file": self.file, "document": self.document, "kind": self.kind, "namespace": self.namespace,
                 "name": self.name, "valid": not self.problems, "error": self.error,
                 "problems": [p.as_json() for p in self.problems],
+                "warnings": [p.as_json() for p in self.warnings],
                 "vllm": [{"kind": f.kind, "config": f.config, "check": f.check, "message": f.message}
                          for f in self.vllm_findings]}
 
@@ -202,7 +204,25 @@ def validate_document(doc: Any, result: DocumentResult, vllm_version: str | None
         render_all(service, initial_choice(service.spec))
     except RenderError as err:
         result.problems = [Problem.of(str(err))]
+        return result
+    result.warnings = disruption_warnings(service.spec)
     return result
+
+
+def disruption_warnings(spec: Any) -> list[Problem]:
+    """What autotune may do to the running service that its owner should know before applying
+    it: the OutageRisk condition the operator will set (`control.disruption.outage_risk`), as
+    a warning when changes may take the service down or when they can only be recommendations."""
+    from .. import api
+    from ..control import disruption
+    from ..control.settings import PolicySettings
+
+    risk = disruption.outage_risk(PolicySettings.from_spec(spec), spec.autotune.mode == api.AutotuneMode.AUTO)
+    if risk.status:
+        return [Problem("spec.autotune.allowOutages", f"autotune may take the service down: {risk.what}", risk.fix)]
+    if risk.reason == "ChangesAreRecommendations":
+        return [Problem("spec.rollout", f"autotune will only recommend changes: {risk.what}", risk.fix)]
+    return []
 
 
 @dataclass
@@ -294,6 +314,7 @@ def run_validate(args: argparse.Namespace) -> int:
                     print(f"error: {result.where}: {problem}", file=sys.stderr)
             elif result.vllm_findings:
                 _print_vllm_findings(result, installed)
+                _print_warnings(result)
             else:
                 also = ""
                 if installed:
@@ -302,14 +323,19 @@ def run_validate(args: argparse.Namespace) -> int:
                     checked = len(configs_to_check(result.service.spec))
                     also = f"; vLLM {installed} accepts all {checked} configs the operator may render"
                 print(f"{result.where}: SpecDecodeService {result.namespace}/{result.name} is valid{also}")
+                _print_warnings(result)
         if len(results) > 1:
             print(f"{len(results) - len(invalid)} valid, {len(invalid)} invalid", file=sys.stderr if invalid else sys.stdout)
     if invalid:
         return validation.exit_code
     if refused:
-        # 2 for one more release, as the README and tests/unit/test_vllm_check.py have it; then INVALID.
-        return ExitCode.USAGE
+        return ExitCode.INVALID  # vLLM's own parser refuses a config the operator would render
     return ExitCode.FINDING if ignored else ExitCode.OK
+
+
+def _print_warnings(result: DocumentResult) -> None:
+    for warning in result.warnings:
+        print(f"warning: {result.where}: {warning}", file=sys.stderr)
 
 
 def _check_with_vllm(results: list[DocumentResult]) -> str:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import api
-from ..cli import UserError, command
+from ..cli import UnreadableInput, UserError, command
 
 
 def kubectl_run(*args, **kwargs):
@@ -104,8 +104,7 @@ def _time_scale(args: argparse.Namespace, scenario_duration_s: float) -> float:
 
 
 def _samples(args: argparse.Namespace, method: str) -> list[dict]:
-    import yaml
-
+    from ..documents import read_documents
     from ..tools.demo import DEFAULT_SAMPLE, SAMPLE_FOR_METHOD
     from ..tools.localstack.install import REPO
 
@@ -113,12 +112,10 @@ def _samples(args: argparse.Namespace, method: str) -> list[dict]:
         REPO / "manifests" / "samples" / SAMPLE_FOR_METHOD.get(method, DEFAULT_SAMPLE)]
     services = []
     for path in paths:
-        try:
-            documents = [d for d in yaml.safe_load_all(path.read_text()) if d]
-        except OSError as err:
-            raise UserError(f"--sample {path}: {err.strerror}; check the path") from None
-        except yaml.YAMLError as err:
-            raise UserError(f"--sample {path}: invalid YAML ({err})") from None
+        try:  # the CLI's one strict reader (UTF-8, YAML, no repeated key)
+            documents = [d.body for d in read_documents(str(path))]
+        except UnreadableInput as err:
+            raise UnreadableInput(f"--sample {err}") from None
         found = [d for d in documents if isinstance(d, dict) and d.get("kind") == "SpecDecodeService"]
         if not found:
             raise UserError(f"--sample {path}: no SpecDecodeService in it; pass a file like "

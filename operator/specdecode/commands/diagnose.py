@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from typing import TextIO
 
-from ..cli import UserError, command
+from ..cli import UnreadableInput, UserError, command
 
 EXIT_CLASSIFIED = 0
 EXIT_UNKNOWN = 1
@@ -43,7 +43,7 @@ def read_log(path: str) -> str:
         with open(path, "rb") as handle:
             return handle.read().decode("utf-8", errors="replace")
     except OSError as err:
-        raise UserError(f"{path}: cannot read the file ({err.strerror}); check the path") from None
+        raise UnreadableInput(f"{path}: cannot read the file ({err.strerror}); check the path") from None
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
@@ -55,8 +55,8 @@ def run_diagnose(args: argparse.Namespace) -> int:
 
         try:
             spec = load_service(args.spec).spec
-        except UserError as err:  # the spec only words the fix: an unusable one is a flag's error
-            raise UserError(f"--spec {err}") from None
+        except UserError as err:  # keep its exit code (invalid or unreadable), name the flag
+            raise type(err)(f"--spec {err}") from None
         speculation = PodSpeculation.of(spec, enabled=True)
     else:
         speculation = speculation_from_log(text)

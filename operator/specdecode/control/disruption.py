@@ -94,11 +94,17 @@ def gate(settings: PolicySettings, observed: PolicyObservations, decision: Decis
 
 @dataclass(frozen=True)
 class OutageRisk:
-    """Whether a spec lets autotune take the service down (condition OutageRisk)."""
+    """Whether a spec lets autotune take the service down (condition OutageRisk), and what
+    would keep it up (empty when nothing needs fixing)."""
 
     status: bool
     reason: str
-    message: str
+    what: str
+    fix: str = ""
+
+    @property
+    def message(self) -> str:
+        return f"{self.what}; {self.fix}" if self.fix else self.what
 
 
 def outage_risk(settings: PolicySettings, acting: bool) -> OutageRisk:
@@ -116,14 +122,14 @@ def outage_risk(settings: PolicySettings, acting: bool) -> OutageRisk:
             return OutageRisk(True, "OutagesAllowed", (
                 f"every change of speculation is a full outage for a model load (about {fmt_s(settings.restart_s)}): "
                 f"{replicas} replica, maxSurge {settings.max_surge}, maxUnavailable {settings.max_unavailable} and "
-                f"autotune.allowOutages true, up to {settings.max_changes_per_hour} changes an hour; {SAFE_ROLLOUT_FIX}"))
+                f"autotune.allowOutages true, up to {settings.max_changes_per_hour} changes an hour"), SAFE_ROLLOUT_FIX)
         return OutageRisk(False, "ChangesAreRecommendations", (
-            "no replica would keep serving during a rollout, so changes stay recommendations "
-            f"(autotune.allowOutages false); to let autotune act: {SAFE_ROLLOUT_FIX}"))
+            "no replica would keep serving during a rollout, so autotune's changes stay recommendations "
+            "(autotune.allowOutages false)"), f"to let autotune act: {SAFE_ROLLOUT_FIX}")
     if settings.allow_outages:
         return OutageRisk(True, "OverloadAllowed", (
             f"{serving} of {replicas} replicas serve during a rollout and autotune.allowOutages is true: a change may "
-            "go ahead while they cannot carry the load (priced, not forbidden); "
-            "set maxSurge: 1 and maxUnavailable: 0 to keep every replica serving"))
+            "go ahead while they cannot carry the load (priced, not forbidden)"),
+            "set spec.rollout.maxSurge: 1 and maxUnavailable: 0 to keep every replica serving")
     return OutageRisk(False, "ChangesWaitForCapacity", (
         f"{serving} of {replicas} replicas serve during a rollout: a change waits until they carry the load"))

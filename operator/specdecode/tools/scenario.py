@@ -49,7 +49,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -59,6 +58,8 @@ from pydantic import (
     model_validator,
 )
 
+from specdecode.cli import UnreadableInput
+from specdecode.documents import parse_documents, read_text
 from specdecode import api
 from specdecode.control.perfmodel import METHODS, EngineParams, EngineParamsError, Method, Workload
 
@@ -414,21 +415,18 @@ def load_scenario(path: str | Path) -> Scenario:
     file = Path(path)
     if not file.exists() and not file.suffix and str(path) in builtin_scenario_names():
         file = builtin_scenario_path(str(path))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not file.is_file():
         names = ", ".join(builtin_scenario_names())
         raise ScenarioError(
             f"{path}: no such file; give a path or a built-in scenario ({names})"
-        ) from None
-    except OSError as err:
-        raise ScenarioError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ScenarioError(f"{file}:{where} invalid YAML: {getattr(err, 'problem', err)}") from None
+        )
+    try:  # the CLI's one strict reader: UTF-8, YAML, no repeated key
+        documents = parse_documents(read_text(str(file)), str(file))
+    except UnreadableInput as err:
+        raise ScenarioError(str(err)) from None
+    if len(documents) > 1:
+        raise ScenarioError(f"{file}: {len(documents)} YAML documents; a scenario file holds one")
+    data = documents[0].body if documents else None
     return parse_scenario(data, source=str(file))
 
 
