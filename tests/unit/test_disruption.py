@@ -86,16 +86,22 @@ def test_a_surge_rollout_keeps_every_replica_serving_and_acts():
     assert result.decision.applied and result.rerender
 
 
-def test_two_replicas_restart_at_a_load_one_carries_and_wait_at_one_it_does_not():
-    settings = PolicySettings.from_spec(_spec(replicas=2))
+@pytest.mark.parametrize("allow_outages", [False, True])
+def test_two_replicas_restart_while_one_carries_the_load_and_wait_when_it_cannot(allow_outages):
+    settings = PolicySettings.from_spec(_spec(replicas=2, autotune__allowOutages=allow_outages))
     light = step(settings, on(3), both(replace(COLLAPSED, request_rate=1.0), 3), NOW)[0]
     assert light.action is Action.DISABLE and light.applied
-    # At 45 % of what two replicas carry, the one left serving during the rollout would be at 90 %.
     capacity = {p.k: p.capacity_rps for p in light.predictions}
-    heavy_rate = 0.45 * min(capacity[3], capacity[0])
-    heavy = step(settings, on(3), both(replace(COLLAPSED, request_rate=heavy_rate), 3), NOW)[0]
-    assert heavy.action is Action.DISABLE and not heavy.applied and heavy.held is Held.OUTAGE
-    assert "the 1 of 2 replicas left serving during the rollout would carry 90%" in heavy.reason
+    one_replica = min(capacity[3], capacity[0]) / 2
+    # At 90 % of what the replica left serving carries, the rollout costs latency: priced, allowed.
+    near = step(settings, on(3), both(replace(COLLAPSED, request_rate=0.9 * one_replica), 3), NOW)[0]
+    assert near.action is Action.DISABLE and near.applied
+    # At 104 % its queue would grow for the whole rollout: only allowOutages lets the floor through.
+    over = step(settings, on(3), both(replace(COLLAPSED, request_rate=1.04 * one_replica), 3), NOW)[0]
+    assert over.action is Action.DISABLE and over.applied is allow_outages
+    if not allow_outages:
+        assert over.held is Held.OUTAGE
+        assert "the 1 of 2 replicas left serving during the rollout would carry 104%" in over.reason
 
 
 def test_a_bounds_fix_the_user_asked_for_is_not_held():
@@ -127,13 +133,13 @@ def test_a_control_canary_that_borrows_a_replica_waits_for_a_load_the_other_carr
     good = Workload(1, 1000, 300, 0, 0.9)
     quiet = step(settings, unchanged_for_a_week, both(replace(good, request_rate=2.0), 3), NOW)[1]
     assert [x.purpose.value for x in quiet.experiments] == ["Control"]
-    # At 16 req/s the replica left serving while the canary starts would carry 81 % of its capacity.
-    decision, busy = step(settings, unchanged_for_a_week, both(replace(good, request_rate=16.0), 3), NOW)
+    # At 20.5 req/s the replica left serving while the canary starts would carry 104 % of its capacity.
+    decision, busy = step(settings, unchanged_for_a_week, both(replace(good, request_rate=20.5), 3), NOW)
     if allow_outages:
         assert [x.purpose.value for x in busy.experiments] == ["Control"]
     else:
         assert busy.experiments == ()
-        assert "no canary experiment with off now: at 16.00 req/s the 1 replica(s) left serving" in decision.reason
+        assert "no canary experiment with off now: at 20.50 req/s the 1 replica(s) left serving" in decision.reason
 
 
 def test_the_slo_condition_reports_a_breach_and_whether_the_operator_acts():

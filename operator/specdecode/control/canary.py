@@ -454,7 +454,7 @@ def _borrowed_capacity_short(
 ) -> Optional[str]:
     """Why a canary that borrows replicas from the main Deployment would leave too few to carry
     the load while it starts (spec.autotune.allowOutages false), or None: the replicas left must
-    carry the load below ``restart_max_rollout_load``, as a restart's must (`disruption.gate`)."""
+    carry the load, as a restart's must (`disruption.gate`)."""
     if settings.allow_outages or not policy.plan.borrows_replicas(policy.spec):
         return None
     current = {p.k: p for p in decision.predictions}.get(state.config)
@@ -463,7 +463,7 @@ def _borrowed_capacity_short(
     main = policy.plan.main_replicas(policy.spec)
     left = current.capacity_rps * main / max(1, settings.replicas)
     rate = observed.highest_request_rate(settings)
-    if rate < settings.tuning.restart_max_rollout_load * left:
+    if rate < left:
         return None
     return (f"at {rate:.2f} req/s the {main} replica(s) left serving while its canary starts would carry "
             f"{rate / left:.0%} of the {left:.1f} req/s they can")

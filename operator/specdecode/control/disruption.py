@@ -38,8 +38,9 @@ def _target_label(decision: Decision) -> str:
 def _why_held(settings: PolicySettings, observed: PolicyObservations, decision: Decision, current: int) -> str | None:
     """Why rolling ``decision`` out now would take the service below what carries its load, or
     None when it would not: no replica left serving, or (by the decision's own predictions)
-    those left carry less than the load while the running config carries it at full strength
-    (a service already past its capacity is not made worse by the way out of it)."""
+    those left carry less than the load (of the two configs, the lower capacity) while the
+    running config carries it at full strength (a service already past its capacity is not
+    made worse by the way out of it)."""
     serving = serving_during_rollout(settings)
     replicas = max(1, settings.replicas)
     if serving == replicas:
@@ -57,8 +58,11 @@ def _why_held(settings: PolicySettings, observed: PolicyObservations, decision: 
     rate = observed.highest_request_rate(settings)
     if rate > now.capacity_rps:
         return None
+    # Carrying is the line: below the capacity of those left the rollout costs latency for
+    # a restart's time, which the policy prices (restart_max_rollout_load); at or above it a
+    # queue grows without bound until the rollout ends, which no default may risk.
     left = min(now.capacity_rps, then.capacity_rps) * serving / replicas
-    if rate < settings.tuning.restart_max_rollout_load * left:
+    if rate < left:
         return None
     return (
         f"at {rate:.2f} req/s the {serving} of {replicas} replicas left serving during the rollout would "
