@@ -19,6 +19,12 @@ python3 -m pip download --no-deps $P -d "$W/deps" python-multipart
 python3 -m pip download $P -d "$W/fix" jsonschema
 python3 -m pip download --no-deps $P -d "$W/fix" compressed-tensors==0.17.0 lm-format-enforcer==0.11.3 \
   outlines_core==0.2.14 lark==1.2.2 interegular
+# structured-output backends: vllm.v1.structured_output imports backend_guidance / backend_xgrammar,
+# whose dataclass annotations (llguidance.LLMatcher, xgr.GrammarMatcher) load the lazy modules at
+# import time, so the serving path dies without them (seen on the GPU, 7 December): .gpu/c/fix-c.tar.xz
+mkdir -p "$W/fixc" "$ROOT/.gpu/c"
+python3 -m pip download --no-deps $P --abi abi3 --platform manylinux_2_27_x86_64 --platform manylinux_2_31_x86_64 \
+  -d "$W/fixc" 'llguidance>=1.7.0,<1.8.0' xgrammar==0.2.9 'apache-tvm-ffi>=0.1.11'
 rm -rf "$W/site" "$W/fixsite" && mkdir -p "$W/site" "$W/fixsite/site"
 unzip -q -o "$W"/vllm/vllm-0.26.0-*.whl -d "$W/site"
 for w in "$W"/deps/*.whl; do
@@ -40,4 +46,7 @@ cd "$W"
 tar -cf - --exclude=site/vllm/_C_stable_libtorch.abi3.so site | xz -T0 -7 > "$ROOT/.gpu/a/site-a.tar.xz"
 tar -cf - site/vllm/_C_stable_libtorch.abi3.so | xz -T0 -6 > "$ROOT/.gpu/b/site-b.tar.xz"
 tar -C "$W/fixsite" -cf - site | xz -T0 -6 > "$ROOT/.gpu/b/fix-extra.tar.xz"
-ls -la "$ROOT"/.gpu/a "$ROOT"/.gpu/b
+rm -rf "$W/fixcsite" && mkdir -p "$W/fixcsite/site"
+for w in "$W"/fixc/*.whl; do unzip -q -o "$w" -d "$W/fixcsite/site"; done
+tar -C "$W/fixcsite" -cf - site | xz -T0 -6 > "$ROOT/.gpu/c/fix-c.tar.xz"
+ls -la "$ROOT"/.gpu/a "$ROOT"/.gpu/b "$ROOT"/.gpu/c

@@ -29,6 +29,8 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_LOGGING_LEVEL=INFO
+# flashinfer is not carried: without this the V2 model runner's sampler imports it and the engine dies
+export VLLM_USE_FLASHINFER_SAMPLER=0
 
 if [ "${1:-}" = "check" ]; then
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
