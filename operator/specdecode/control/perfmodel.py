@@ -190,6 +190,14 @@ class EngineParams:
     """Multiplier on every table time (a slower or faster GPU than the table's)."""
     step_table_draft_scale: float = 1.0
     """Multiplier on the table's draft forwards (a costlier or cheaper draft)."""
+    step_table_prefill_s: float = 0.0
+    """On a step table: seconds one prompt token chunked into a step costs with speculation
+    off (times ``step_table_scale``), in place of the table's marginal decode-token time at its
+    largest batch; 0 keeps that. For a table of whole engine steps (``h100-vllm026-*``),
+    whose token slope includes sampling and the draft, not what a prompt token costs."""
+    step_table_draft_prefill_s: float = 0.0
+    """With ``step_table_prefill_s`` set: seconds the draft model adds per prompt token when
+    speculating (times ``step_table_draft_scale``; none for n-gram and suffix)."""
 
     # --- per-batch-size K schedules (vLLM 0.24+, num_speculative_tokens_per_batch_size) ---
     schedule_overhead_s: float = 0.5e-3
@@ -271,6 +279,8 @@ class EngineParams:
             "preemptions_per_request_max",
             "step_table_scale",
             "step_table_draft_scale",
+            "step_table_prefill_s",
+            "step_table_draft_prefill_s",
             "schedule_overhead_s",
             "schedule_penalty",
             "schedule_penalty_from_batch",
@@ -624,6 +634,7 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
             0.0 if params.method in CPU_PROPOSERS else params.step_table_draft_scale,
             params.step_overhead_s, params.spec_overhead_s,
             params.proposer_cpu_s_per_seq,
+            params.step_table_prefill_s, params.step_table_draft_prefill_s,
         )
     spec = k > 0
     c = params.draft_cost_ratio if spec else 0.0
@@ -640,14 +651,15 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
 @memo.memoized(maxsize=4096)
 def _table_step_cost(
     name: str, k: int, context: float, scale: float, draft_scale: float, host_s: float,
-    spec_s: float, cpu_s_per_seq: float,
+    spec_s: float, cpu_s_per_seq: float, prefill_s: float = 0.0, draft_prefill_s: float = 0.0,
 ) -> _StepCost:
     """The measured step (`steptable`) at each of the table's batch sizes, in seconds.
 
     Target: one forward of K+1 tokens per sequence. Draft (K > 0): K forwards, the first
     over 2 tokens per sequence (the tokens accepted in the last step), the others over 1,
     times ``draft_scale`` (0 for a proposer on the host, `CPU_PROPOSERS`).
-    Prefill tokens cost the table's marginal per-token time at its largest batch.
+    Prefill tokens cost the table's marginal per-token time at its largest batch, or
+    ``prefill_s`` (+ ``draft_prefill_s`` times ``draft_scale`` when K > 0) when it is set.
     """
     from specdecode.control import steptable
 
@@ -669,7 +681,10 @@ def _table_step_cost(
         lo = table.gpu_ms(model, big, tokens[0], table.contexts[0])
         return (hi - lo) / span / 1000.0
 
-    prefill = scale * (per_token("target") + (draft_scale * per_token("draft") if k > 0 else 0.0))
+    if prefill_s > 0:
+        prefill = scale * (prefill_s + (draft_scale * draft_prefill_s if k > 0 else 0.0))
+    else:
+        prefill = scale * (per_token("target") + (draft_scale * per_token("draft") if k > 0 else 0.0))
     return _StepCost(fixed=points[0][1], per_seq=0.0, per_prefill_token=prefill, curve=tuple(points))
 
 
