@@ -1012,12 +1012,12 @@ class PrometheusAuth(ApiModel):
     bearer_token_secret: Optional[SecretKeyRef] = Field(
         None,
         description="Secret in the service's own namespace holding a bearer token, sent only to "
-        "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
+        "prometheusUrl. The operator needs `get` on Secrets there (docs/operations/security.md).",
     )
     ca_secret: Optional[CaSecretKeyRef] = Field(
         None,
         description="Secret in the service's own namespace holding a CA bundle (PEM) for "
-        "prometheusUrl. The operator needs `get` on Secrets there (README: Security).",
+        "prometheusUrl. The operator needs `get` on Secrets there (docs/operations/security.md).",
     )
     headers: HeaderMap = StringMap(
         "Extra HTTP headers (for example `X-Scope-OrgID` for Mimir).", max_items=8, max_key=128, max_value=512

@@ -308,7 +308,7 @@ class Evaluator:
                     f"{where} cannot be read: the operator has no access to Secrets in namespace "
                     f"{namespace}. Fix: bind the ClusterRole specdecode-operator-tenant-credentials "
                     f"to the operator's service account with a RoleBinding in {namespace} "
-                    "(README: Security)."
+                    "(docs/operations/security.md)."
                 ) from None
             if err.status == 404:
                 raise _CredentialsUnavailable(
