@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from specdecode.control.decision import Decision, Held, Rule
 from specdecode.control.estimates import PolicyObservations
 from specdecode.control.explain import fmt_s, label
+from specdecode.control.hedge import serving_in_rollout
 from specdecode.control.settings import PolicySettings
 
 SAFE_ROLLOUT_FIX = (
@@ -28,7 +29,7 @@ def serving_during_rollout(settings: PolicySettings) -> int:
     replicas = max(1, settings.replicas)
     if settings.rollout_keeps_capacity:
         return replicas
-    return max(0, replicas - max(1, min(settings.max_unavailable, replicas)))
+    return serving_in_rollout(settings, replicas)
 
 
 def _target_label(decision: Decision) -> str:
