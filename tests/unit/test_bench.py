@@ -404,6 +404,34 @@ def test_generated_swings_repeat_for_as_many_cycles_as_asked_and_draw_the_same_s
         assert [start for start, _, _ in scenario.phase_spans()] == [0, 3600, 9000, 14400, 18000, 23400]
 
 
+def test_generated_scenarios_on_the_measured_vllm_truth_keep_the_seeds_services():
+    """The h100-vllm truth draws the services the default does (traffic, acceptance, the
+    share of capacity), each a draft model on the measured vLLM 0.26 H100 table, loaded
+    against what that truth carries; the default draws stay as they were."""
+    mixed, vllm = generated.generate(9, 6, cycles=2), generated.generate(9, 6, cycles=2, truth="h100-vllm")
+    assert mixed == generated.generate(9, 6, cycles=2)
+    for one, two in zip(mixed, vllm):
+        assert two["name"] == one["name"].replace("gen-", "gen-h100-vllm-", 1)
+        assert two["method"] == "draft_model" and two["model"]["step_table"] == "h100-vllm026-llama8b-1b"
+        assert two["seed"] == one["seed"]
+        assert [p.get("acceptance") for p in two["phases"]] == [p.get("acceptance") for p in one["phases"]]
+        scenario = parse_scenario(two, two["name"])
+        first = scenario.phases[0]
+        probe = perfmodel.Workload(1.0, first.prompt_tokens, first.output_tokens, 0.0, first.acceptance)
+        capacity = max(perfmodel.steady_state(scenario.params, probe, k).capacity_rps for k in range(6))
+        share = scenario.phases[0].request_rate / capacity
+        assert share == pytest.approx(one["phases"][0]["request_rate"] / _capacity_of(one), rel=0.02)
+    with pytest.raises(ValueError, match="truth must be one of mixed, h100-vllm"):
+        generated.generate(9, 1, truth="h200")
+
+
+def _capacity_of(doc) -> float:
+    scenario = parse_scenario(doc, doc["name"])
+    first = scenario.phases[0]
+    probe = perfmodel.Workload(1.0, first.prompt_tokens, first.output_tokens, 0.0, first.acceptance)
+    return max(perfmodel.steady_state(scenario.params, probe, k).capacity_rps for k in generated.CONFIGS)
+
+
 def test_bench_policy_runs_generated_scenarios_and_keeps_them_beside_the_results(tmp_path, capsys):
     out = tmp_path / "out"
     code = cli.main(["bench", "policy", "--generated", "1", "--generated-seed", "3", "--json", "--no-plots",

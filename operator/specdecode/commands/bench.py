@@ -39,6 +39,10 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--generated-cycles", type=int, default=1, metavar="C",
                    help="times each generated load swing repeats its calm, peak and calm (4 hours each; "
                    "default: %(default)s)")
+    p.add_argument("--generated-truth", choices=("mixed", "h100-vllm"), default="mixed",
+                   help="the generated scenarios' engine: mixed (scaled step costs and measured H200 steps) or "
+                   "h100-vllm (the same services on step times measured on a real vLLM 0.26 on an H100; "
+                   "default: %(default)s)")
     add_output_flag(p, help="; json: every figure on stdout")
     p.add_argument("--out", default="bench-results", metavar="DIR",
                    help="directory for the CSV, the JSON and one PNG per scenario (default: %(default)s)")
@@ -159,7 +163,8 @@ def run_bench_policy(args: argparse.Namespace) -> int:
     if args.generated:
         from ..tools.bench import generated
 
-        documents = generated.generate(args.generated_seed, args.generated, args.generated_cycles)
+        documents = generated.generate(args.generated_seed, args.generated, args.generated_cycles,
+                                       args.generated_truth)
         paths += [str(path) for path in generated.write(documents, Path(args.out) / "generated")]
 
     err_console = Console(stderr=True)

@@ -13,6 +13,12 @@ third of them on the step times measured on an H200 (`control/data/`), which the
 straight-line model never sees. Acceptance and load wander as in every scenario (the
 default noise).
 
+With ``truth="h100-vllm"`` every scenario keeps the services the seed draws (traffic,
+acceptance, load against capacity) but runs a draft model on the step times measured on a real
+vLLM 0.26 on an H100 (`control/data/h100-vllm026-*`, docs/real-vllm.md): its table, its KV
+budget and the draft's share of it, its measured restart, and the K it measured up to. The
+default draws are unchanged, so a seed judged before draws what it drew then.
+
 Pure: the same seed gives the same documents (`specdecode bench policy --generated N
 --generated-seed S` writes them beside its results, so a run can be read and repeated).
 """
@@ -45,20 +51,34 @@ SWING_HIGH = (0.55, 0.95)
 SWING_CYCLE_MIN = 240
 """One swing: calm for an hour, the peak for an hour and a half, calm again (a day compressed
 into 4 hours); with ``cycles`` > 1 it repeats, so what one peak teaches can serve the next."""
+TRUTHS = ("mixed", "h100-vllm")
+"""``mixed``: the draws above; ``h100-vllm``: the same services on measured vLLM 0.26 H100 steps."""
+H100_VLLM_MODEL: dict[str, Any] = {
+    # What `h100-vllm-steady-good-draft` documents: the measured table with its prefill terms,
+    # the engine's KV budget with the 1B draft's weights and a quarter of the KV per token,
+    # the restart measured warm (150 s), and K up to 5 (measured at 1, 3 and 5).
+    "step_table": "h100-vllm026-llama8b-1b", "step_overhead_s": 0, "spec_overhead_s": 0,
+    "step_table_prefill_s": 23.5e-6, "step_table_draft_prefill_s": 5.4e-6,
+    "kv_capacity_tokens": 462944, "draft_weight_tokens": 52984, "draft_kv_ratio": 0.25,
+    "rollout_s": 150, "max_k": 5, "schedule_overhead_s": 0, "schedule_penalty": 0.74,
+}
 CONFIGS = tuple(range(0, 7))
 """Configs whose largest capacity places the load (off and K 1..6)."""
 
 
-def generate(seed: int, count: int, cycles: int = 1) -> list[dict[str, Any]]:
+def generate(seed: int, count: int, cycles: int = 1, truth: str = "mixed") -> list[dict[str, Any]]:
     """``count`` scenario documents drawn from ``seed`` (alternately stationary and a swing
-    whose calm, peak and calm repeat ``cycles`` times). The draws do not depend on
-    ``cycles``: the same seed gives the same services, swinging once or several times."""
+    whose calm, peak and calm repeat ``cycles`` times), on ``truth`` (`TRUTHS`). The draws do
+    not depend on ``cycles`` or ``truth``: the same seed gives the same services, swinging
+    once or several times, on any truth."""
     if count < 1:
         raise ValueError("count must be at least 1")
     if cycles < 1:
         raise ValueError("cycles must be at least 1")
+    if truth not in TRUTHS:
+        raise ValueError(f"truth must be one of {', '.join(TRUTHS)}, got {truth!r}")
     rng = random.Random(seed)
-    return [_one(rng, seed, i, cycles) for i in range(count)]
+    return [_one(rng, seed, i, cycles, truth) for i in range(count)]
 
 
 def write(documents: list[dict[str, Any]], directory: Path) -> list[Path]:
@@ -72,7 +92,7 @@ def write(documents: list[dict[str, Any]], directory: Path) -> list[Path]:
     return paths
 
 
-def _one(rng: random.Random, seed: int, index: int, cycles: int) -> dict[str, Any]:
+def _one(rng: random.Random, seed: int, index: int, cycles: int, truth: str = "mixed") -> dict[str, Any]:
     kind = "stationary" if index % 2 == 0 else "swing"
     method = rng.choice(METHODS)
     prompt, output = rng.choice(PROMPT_TOKENS), rng.choice(OUTPUT_TOKENS)
@@ -95,7 +115,11 @@ def _one(rng: random.Random, seed: int, index: int, cycles: int) -> dict[str, An
         }
     if method != "ngram":
         model["draft_cost_ratio"] = round(prior.draft_cost_ratio * rng.uniform(0.7, 1.4), 3)
-    name = f"gen-{seed}-{index:02d}-{kind}" + (f"-x{cycles}" if kind == "swing" and cycles > 1 else "")
+    if truth == "h100-vllm":
+        # Every draw above is made all the same, so the rest of the seed's services match.
+        method, gpu, model = "draft_model", "H100, vLLM 0.26 (measured steps)", dict(H100_VLLM_MODEL)
+    prefix = "gen" if truth == "mixed" else f"gen-{truth}"
+    name = f"{prefix}-{seed}-{index:02d}-{kind}" + (f"-x{cycles}" if kind == "swing" and cycles > 1 else "")
     doc: dict[str, Any] = {
         "name": name,
         "description": "",
@@ -110,7 +134,7 @@ def _one(rng: random.Random, seed: int, index: int, cycles: int) -> dict[str, An
     }
     params = parse_scenario(doc, name).params
     probe = perfmodel.Workload(1.0, prompt, output, 0.0, alpha)
-    best = max((perfmodel.steady_state(params, probe, k) for k in CONFIGS), key=lambda state: state.capacity_rps)
+    best = max((perfmodel.steady_state(params, probe, k) for k in CONFIGS if k <= model.get("max_k", k)), key=lambda state: state.capacity_rps)
     capacity = best.capacity_rps
     # The SLO a user of this service would set: a few times the best config's calm TPOT,
     # and an end-to-end bound its calm requests meet with room.
