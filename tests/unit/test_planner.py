@@ -4,6 +4,7 @@ from a service's own load history; and the policy's plan on the calibrated model
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -233,3 +234,34 @@ def test_planner_mode_shows_its_plan_and_keeps_the_load_history_for_a_restart():
     # A restarted operator reads the same history back from status.
     restored = cs.from_status(status, spec, t0 + timedelta(minutes=31), 1)
     assert restored.load_history.rates == tuple(status.load_history.rates)
+
+
+@pytest.mark.parametrize("peak, history_hours, moves", [
+    (None, 25, True),  # a day of history and no peak in it: the longer draft's gain is taken
+    (38.0, 25, False),  # K=4 (37.5 req/s) cannot carry the day's peak; K=1 (38.1) can
+    (20.0, 25, True),  # both carry the peak
+    (None, 0, True),  # a young service: a doubling (8 req/s) is the peak it guards against
+])
+def test_planner_mode_keeps_the_capacity_the_days_peak_needs(peak, history_hours, moves):
+    """At the calm (4 req/s, draft model at acceptance 0.85, maxSurge 0) the plan prefers K=4,
+    18 % faster per token than the running K=1. A move that gives capacity away must also be
+    worth its restart should the recent peak return: at 38 req/s K=4 runs into the next peak
+    overloaded, with no restart affordable then, so the move waits, and says why."""
+    from specdecode.control import rules
+    from specdecode.control.decision import Action
+    from specdecode.control.forecast import LoadHistory
+    from specdecode.control.settings import PolicyTuning
+
+    from .test_policy import NIGHT, NOW, _capacity, auto, both, on
+
+    settings = replace(auto(max_surge=0, slo_tpot_s=None, slo_e2e_s=None), tuning=PolicyTuning(planner=True))
+    history = LoadHistory(NOW - history_hours * 3600, (4.0,) * (history_hours * 6)) if history_hours else LoadHistory()
+    state = replace(on(1), recent_peak_rate=peak, load_history=history)
+    decision = rules.decide(settings, state, both(NIGHT, 1), (), NOW)
+    assert _capacity(decision, 4) < 38.0 < _capacity(decision, 1)
+    if moves:
+        assert decision.action is Action.SET_K and decision.k == 4 and decision.rule == "plan"
+    else:
+        assert decision.action is Action.HOLD and decision.k == 1
+        assert "should the recent peak of 38 req/s return it gains: -" in decision.reason
+        assert "(worth -" in decision.reason and "keeping K=1 at 4.00 req/s" in decision.reason

@@ -162,7 +162,7 @@ from specdecode.control.explain import (
 )
 from specdecode.control.forecast import Forecast, forecast
 from specdecode.control.hedge import HedgeOutlook, best_hedge, config_capacity, hedge_outlook, overloading_rollout
-from specdecode.control.planning import SLOTS, plan_now
+from specdecode.control.planning import SLOTS, PolicyPlan, plan_now
 from specdecode.control.memory import HistoryEntry, Memory, remember
 from specdecode.control.settings import PolicySettings, PolicyTuning
 from specdecode.control.state import Cause, ControlState, bounded
@@ -226,11 +226,21 @@ class _Context:
         arriving now (past capacity: what arrives, not what finishes) and the history."""
         key = ("forecast", id(est))
         if key not in self._computed:
-            load = self.observed.highest_request_rate(self.settings)
+            load = self.present_load()
             # A trend window that reaches back before the traffic began reads a rise from none.
             trend = None if _trend_predates_traffic(self) else self.observed.trend_rate
             self._computed[key] = (est, forecast(self.state.load_history, self.now, load, trend, SLOTS))
         return self._computed[key][1]
+
+    def present_load(self) -> float:
+        """The load the plan starts from: the long window's (past capacity: what arrives), not
+        the higher of the two windows'. A queue integrates the load over time, and the short
+        window's noise read as the level makes a config near its capacity look overloaded for
+        the whole horizon (`gen-313-12-stationary`: K=3 carrying 60 req/s left for a reading
+        of 65). A rise is the trend's to see, and the recent peak's future (`_other_futures`)
+        judges what a move risks should it return."""
+        assert self.observed.window is not None
+        return self.observed.window.restart_load(self.tuning.past_capacity_margin)
 
     def allowed(self) -> tuple[int, ...]:
         return tuple(k for k in self.settings.configs() if k not in self.state.excluded_ks or k == OFF)
@@ -1346,6 +1356,16 @@ def _reprobe_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision
             metrics=flags, predictions=preds, est=est, scale=scale,
         ), plan=planned.summary(OFF))
     probe_k = int(planned.first)
+    # A probe is a move like any other: it must be worth its restarts in the other plausible
+    # futures too (above all the recent peak's: a probe at the calm into a K that cannot
+    # carry the peak that came today runs into it tomorrow).
+    held = _worth_across_futures(
+        ctx, planned, _other_futures(ctx, calibration, est, OFF, probe_k, alpha=conservative), OFF,
+        f"staying off at {est.request_rate:.2f} req/s",
+    )
+    if held is not None:
+        return replace(_make(ctx, Action.HOLD, None, Rule.HOLD, f"re-probe due, but {held}", metrics=flags,
+                             predictions=preds, est=est, scale=scale), plan=planned.summary(OFF))
     reason = (
         f"re-probe after {fmt_s(ctx.now - off_since)} off: with {source} {planned.describe(OFF)}; "
         f"K={probe_k} predicted {fmt_x(preds[probe_k].speedup)} vs off at {est.request_rate:.2f} req/s"
@@ -1379,22 +1399,17 @@ def _tune_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
         return replace(held, plan=summary_)
     reason = f"{planned.describe(current)}; predicted {summary(preds, (int(target), current))} {context}"
     futures = _other_futures(ctx, calibration, est, current, int(target))
-    if futures:
-        # The move was planned for one future; it is worth what it gains on average over
-        # that one and the others that are as plausible (each gain clipped to +-100 %: an
-        # overload avoided in one future must not buy any loss in the others).
-        gains = [planned.plan.gain] + [gain for _, gain in futures]
-        worth = math.fsum(max(-1.0, min(1.0, g)) for g in gains) / len(gains)
-        if worth < t.min_gain:
-            others = "; ".join(f"{what}: {gain:+.1%}" for what, gain in futures)
-            held = _make(ctx, Action.HOLD, ctx.state.k, Rule.HOLD,
-                         f"{planned.describe(current)}, but {others} (worth {worth:+.1%} on average, "
-                         f"{t.min_gain:.0%} needed): keeping {ctx.state.config_label} {context}",
-                         metrics=flags, predictions=preds, est=est, scale=scale)
-            return replace(held, plan=summary_)
+    held = _worth_across_futures(ctx, planned, futures, current, f"keeping {ctx.state.config_label} {context}")
+    if held is not None:
+        return replace(_make(ctx, Action.HOLD, ctx.state.k, Rule.HOLD, held, metrics=flags, predictions=preds,
+                             est=est, scale=scale), plan=summary_)
     # Value of information: a move that needs the model's point estimates is measured on a
-    # canary first, where canaries are on and the replicas left serving carry its start.
-    canary = (s.experiments is not None and not _sure(ctx, calibration, est, current, int(target))
+    # canary first, where canaries are on and the replicas left serving carry its start. A
+    # canary measures the present, so it judges only a move that pays at the present load: a
+    # move made for the forecast (a peak the cycle brings back) would be refused by a verdict
+    # taken at the calm it leaves (`gen-313-19-swing-x2`: K=6 kept into the second peak).
+    pays_now = next((gain for kind, _, gain in futures if kind == PRESENT_FUTURE), planned.plan.gain) >= t.min_gain
+    canary = (s.experiments is not None and pays_now and not _sure(ctx, calibration, est, current, int(target))
               and overloading_rollout(calibration, est, (current, int(target)), s,
                                       ctx.observed.highest_request_rate(s)) is None)
     if canary:
@@ -1404,26 +1419,77 @@ def _tune_planned(ctx: _Context, est: Estimate, flags: Condition) -> Decision:
     return replace(decision, plan=summary_)
 
 
+PRESENT_FUTURE = "present"
+PEAK_FUTURE = "peak"
+LOW_ALPHA_FUTURE = "low acceptance"
+
+
+def _worth_across_futures(
+    ctx: _Context, planned: PolicyPlan, futures: Sequence[tuple[str, str, float]], current: int, keeping: str,
+) -> str | None:
+    """Why a planned move is held, or None where it is worth its restart on average over the
+    future it was planned for and the others as plausible (`_other_futures`). Each gain is
+    clipped to +-100 %: an overload avoided in one future must not buy any loss in the others."""
+    if not futures:
+        return None
+    t = ctx.tuning
+    gains = [planned.plan.gain] + [gain for _, _, gain in futures]
+    worth = math.fsum(max(-1.0, min(1.0, g)) for g in gains) / len(gains)
+    if worth >= t.min_gain:
+        return None
+    others = "; ".join(f"{what}: {gain:+.1%}" for _, what, gain in futures)
+    return (f"{planned.describe(current)}, but {others} (worth {worth:+.1%} on average, "
+            f"{t.min_gain:.0%} needed): {keeping}")
+
+
 def _other_futures(
-    ctx: _Context, calibration: Calibration, est: Estimate, current: int, target: int
-) -> list[tuple[str, float]]:
-    """What moving to ``target`` now gains in the futures the plan did not plan for but that
-    are as plausible: the present load staying (where the forecast sees a trend or a cycle),
-    and acceptance returning to its recent low (`ControlState.recent_low_alpha`, when it lies
-    ``reversion_min_drop`` below today's: bursty n-gram traffic lures K up for as long as a
-    burst lasts)."""
+    ctx: _Context, calibration: Calibration, est: Estimate, current: int, target: int,
+    alpha: float | None = None,
+) -> list[tuple[str, str, float]]:
+    """(kind, words, gain): what moving to ``target`` now gains in the futures the plan did not
+    plan for but that are as plausible:
+
+    - the present load staying (where the forecast sees a trend or a cycle);
+    - the recent peak returning (`ControlState.recent_peak_rate`, where it lies
+      ``peak_future_rise`` above today's load): a day's peak comes back, and a move at the
+      calm to a config that cannot carry it runs into the next peak with no restart
+      affordable (`gen-313-19-swing-x2`);
+    - acceptance returning to its recent low (`ControlState.recent_low_alpha`, when it lies
+      ``reversion_min_drop`` below today's: bursty n-gram traffic lures K up for as long as a
+      burst lasts).
+
+    ``alpha``: the acceptance the move was planned at (default the window's)."""
     s, t = ctx.settings, ctx.tuning
     expected = ctx.forecast(est)
+    load = expected.rates[0]  # the first slot's: what the next 15 minutes bring
     out = []
     if expected.method != "present":
-        load = expected.rates[0] if expected.method == "seasonal" else ctx.observed.highest_request_rate(s)
         present = Forecast(tuple(load for _ in SLOTS), "present")
-        out.append((f"should the load stay at {load:.3g} req/s the move gains",
-                    plan_now(calibration, est, s, current, ctx.allowed(), present).move_gain(target)))
+        out.append((PRESENT_FUTURE, f"should the load stay at {load:.3g} req/s the move gains",
+                    plan_now(calibration, est, s, current, ctx.allowed(), present, alpha=alpha).move_gain(target)))
+    peak, words = ctx.state.recent_peak_rate, "should the recent peak of {:.3g} req/s return it gains"
+    history = ctx.state.load_history
+    if load > 0 and (history.start is None or ctx.now - history.start < t.history_day_s):
+        # Less than a day of history cannot say that no peak comes: the first one is met
+        # with the headroom kept, not with a restart at its start (`gen-311-21-swing-x2`).
+        surge = load * (1.0 + t.unseen_surge_rise)
+        if peak is None or surge > peak:
+            peak, words = surge, "should the load rise to {:.3g} req/s (less than a day of history says nothing of peaks) it gains"
+    # Only a move that gives capacity away risks a peak: one that gains capacity is the way
+    # to meet it, and a future neither config carries cannot tell them apart.
+    replicas = max(1, calibration.on.replicas)
+    gives_capacity = (config_capacity(calibration, est, target, replicas, alpha)
+                      < config_capacity(calibration, est, current, replicas, alpha))
+    if gives_capacity and peak is not None and load > 0 and peak >= load * (1.0 + t.peak_future_rise):
+        returns = Forecast((load,) + tuple(peak for _ in SLOTS[1:]), "peak")
+        out.append((PEAK_FUTURE, words.format(peak),
+                    plan_now(calibration, est, s, current, ctx.allowed(), returns, alpha=alpha).move_gain(target)))
     low = ctx.state.recent_low_alpha
-    if est.alpha is not None and low is not None and low <= est.alpha - t.reversion_min_drop:
+    at = est.alpha if alpha is None else alpha
+    if at is not None and low is not None and low <= at - t.reversion_min_drop:
         at_low = plan_now(calibration, est, s, current, ctx.allowed(), expected, alpha=low)
-        out.append((f"should acceptance return to its recent low {low:.2f} it gains", at_low.move_gain(target)))
+        out.append((LOW_ALPHA_FUTURE, f"should acceptance return to its recent low {low:.2f} it gains",
+                    at_low.move_gain(target)))
     return out
 
 

