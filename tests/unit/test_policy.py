@@ -751,27 +751,6 @@ def _rollout_capacity(settings: PolicySettings, observed: PolicyObservations) ->
     return capacity
 
 
-def test_a_restart_out_of_a_config_that_cannot_carry_its_load_pays_however_short_the_horizon():
-    """K=3 at 3 % above the capacity the model calibrated for it, 150 requests waiting: the
-    queue it leaves at the horizon's end never drains, so staying costs without bound, and
-    the restart to speculation off pays even over the guard's 30 minutes and with maxSurge 0
-    (cut at the horizon, the overload used to look 2 % cheaper than the restart). At a load
-    K=3 carries, the same restart does not pay over 30 minutes."""
-    settings = auto(max_surge=0)
-    observed = PolicyObservations.of(observe(Workload(27.0, 1000, 300, 0, 0.5), 3, 300), None)
-    est = estimates.estimate(observed.window, settings.tuning)
-    ctx = rules._Context(settings, on(3), NOW, memory.remember((), on(3), NOW), observed)
-    calibration, _ = rules._calibrate(ctx, est)
-    capacity = hedge.config_capacity(calibration, est, 3, 2)
-    assert capacity < hedge.config_capacity(calibration, est, OFF, 2)
-    overloaded = replace(est, request_rate=1.03 * capacity, waiting=150.0)
-    outlook = estimates.switch_outlook(calibration, overloaded, 3, OFF, settings, horizon_s=1800)
-    assert math.isinf(outlook.stay_request_s) and math.isfinite(outlook.switch_request_s)
-    assert outlook.pays(settings.tuning.min_switch_saving)
-    carried = estimates.switch_outlook(calibration, replace(est, waiting=150.0), 3, OFF, settings, horizon_s=1800)
-    assert math.isfinite(carried.stay_request_s) and not carried.pays(settings.tuning.min_switch_saving)
-
-
 def test_floor_turns_speculation_off_even_when_the_restart_does_not_pay():
     """n-gram at 4 req/s, alpha 0.12: off is barely faster, so the price check alone would
     keep K=3; the floor turns it off anyway (the one replica left carries the load easily)."""

@@ -444,9 +444,7 @@ def switch_outlook(
 
     cost = good = 0.0
     queue = backlog
-    final = current
     for config, seconds, serving in pieces:
-        final = config
         if seconds <= 0:
             continue
         if serving <= 0:
@@ -459,29 +457,10 @@ def switch_outlook(
         cost += piece.arrivals * piece.e2e_mean_s
         good += piece.goodput_tokens_per_s * seconds
         queue = piece.queue_end
-    # The queue a path leaves at the horizon's end is paid after it, while the path's last
-    # config drains it: a config that cannot carry its load leaves one that never drains. Cut
-    # at the horizon, an overload looked as cheap as its first hour, and a restart out of it
-    # never paid (`gen-103-04-stationary`: K=3 held for three hours, with no good request).
     return SwitchOutlook(
-        stay_request_s=stay.arrivals * stay.e2e_mean_s
-        + _drain_request_s(calibration, workload, current, stay.queue_end, replicas),
-        switch_request_s=cost + _drain_request_s(calibration, workload, final, queue, replicas),
+        stay_request_s=stay.arrivals * stay.e2e_mean_s,
+        switch_request_s=cost,
         stay_good_tokens=stay.goodput_tokens_per_s * horizon,
         switch_good_tokens=good,
         rollout_s=rollout,
     )
-
-
-def _drain_request_s(
-    calibration: Calibration, workload: Workload, config: int, queue: float, replicas: int
-) -> float:
-    """Request-seconds of waiting for ``queue`` requests left behind, served by ``replicas``
-    at ``config`` while the load goes on: the backlog falls at capacity less load, so it
-    drains in queue / (capacity - load) and waits half that on average; infinite where the
-    config cannot carry the load."""
-    if queue <= 0:
-        return 0.0
-    steady = perfmodel.steady_state(calibration.params_for(config), workload, calibration.config(config), replicas)
-    spare = steady.capacity_rps - workload.request_rate
-    return queue * queue / (2.0 * spare) if spare > 0 else math.inf
