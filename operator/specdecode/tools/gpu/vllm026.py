@@ -9,10 +9,11 @@ config and concurrency, steady-window whole engine steps) and ``h100-vllm026-sta
 Output: ``h100-vllm026-llama8b-1b-steptime.csv``, a table `specdecode.control.steptable`
 loads. Rules (the data README says why):
 
-- target rows: tokens per sequence K+1 for the measured configs off (1), draft-k1 (2),
-  draft-k3 (4), draft-k5 (6), at the measured batches, ``gpu_ms`` = the measured whole step
-  (``step_ms``); K 2 and K 4 were not measured: the table has no rows for them and the loader
-  interpolates linearly between K 1 and K 3, K 3 and K 5. No K above 5 (``max_k`` <= 5).
+- target rows: tokens per sequence K+1 for the measured configs off (1) and draft-k1 ..
+  draft-k5 (2 .. 6), at the measured batches, ``gpu_ms`` = the measured whole step
+  (``step_ms``). Every K 0..5 is measured (K 2 and K 4 in a later call than the others, on
+  a fresh machine of the same kind); nothing is interpolated in K. No K above 5
+  (``max_k`` <= 5).
 - draft rows: 0 (the draft's forwards are inside the measured steps).
 - one context, the measured mean mid-window context (about 1,100 tokens): flat in context.
 - scenarios on it set ``step_overhead_s`` and ``spec_overhead_s`` to 0 (they are inside the
@@ -32,7 +33,7 @@ from pathlib import Path
 TABLE = "h100-vllm026-llama8b-1b"
 MEASURED = "h100-vllm026-measured-steps.csv"
 STARTUP = "h100-vllm026-startup.csv"
-TABLE_CONFIGS = {"off": 1, "draft-k1": 2, "draft-k3": 4, "draft-k5": 6}
+TABLE_CONFIGS = {"off": 1, "draft-k1": 2, "draft-k2": 3, "draft-k3": 4, "draft-k4": 5, "draft-k5": 6}
 """Config -> tokens per sequence (K+1) of the truth table's target rows."""
 PROMPT_TOKENS = 1000
 """Prompt tokens per request in the measurement (measure_vllm.py)."""
@@ -97,10 +98,11 @@ def prefill_per_token_s(rows: list[dict[str, str]], min_batch: int = 64) -> dict
 
 def prefill_figures(rows: list[dict[str, str]]) -> tuple[float, float]:
     """(``step_table_prefill_s``, ``step_table_draft_prefill_s``): off's estimate, and the
-    median of the draft-model configs' (k1, k3, k5) minus off's."""
+    median of the draft-model configs' (k1 .. k5) minus off's. (With k1, k3, k5 alone, as
+    before k2 and k4 were measured, the median is the same, draft-k3's.)"""
     per = prefill_per_token_s(rows)
     off = per["off"]
-    drafts = statistics.median(per[c] for c in ("draft-k1", "draft-k3", "draft-k5"))
+    drafts = statistics.median(per[f"draft-k{k}"] for k in range(1, 6))
     return off, drafts - off
 
 
