@@ -25,6 +25,7 @@ Pure: the same seed gives the same documents (`specdecode bench policy --generat
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 import yaml
 
 from specdecode.control import perfmodel
-from specdecode.tools.scenario import parse_scenario
+from specdecode.tools.scenario import builtin_scenario_path, parse_scenario
 
 METHODS = ("draft_model", "eagle", "eagle3", "ngram")
 GPU_SCALES = (0.6, 1.0, 1.5, 2.5)
@@ -53,15 +54,10 @@ SWING_CYCLE_MIN = 240
 into 4 hours); with ``cycles`` > 1 it repeats, so what one peak teaches can serve the next."""
 TRUTHS = ("mixed", "h100-vllm")
 """``mixed``: the draws above; ``h100-vllm``: the same services on measured vLLM 0.26 H100 steps."""
-H100_VLLM_MODEL: dict[str, Any] = {
-    # What `h100-vllm-steady-good-draft` documents: the measured table with its prefill terms,
-    # the engine's KV budget with the 1B draft's weights and a quarter of the KV per token,
-    # the restart measured warm (150 s), and K up to 5 (measured at 1, 3 and 5).
-    "step_table": "h100-vllm026-llama8b-1b", "step_overhead_s": 0, "spec_overhead_s": 0,
-    "step_table_prefill_s": 23.5e-6, "step_table_draft_prefill_s": 5.4e-6,
-    "kv_capacity_tokens": 462944, "draft_weight_tokens": 52984, "draft_kv_ratio": 0.25,
-    "rollout_s": 150, "max_k": 5, "schedule_overhead_s": 0, "schedule_penalty": 0.74,
-}
+H100_VLLM_SCENARIO = "h100-vllm-load-ramp"
+"""The shipped scenario whose engine the h100-vllm truth takes whole (its ``model`` block):
+the measured table with its prefill terms, the engine's KV budget with the draft's share, the
+measured restart, K up to 5, and what a per-batch-size schedule measured."""
 CONFIGS = tuple(range(0, 7))
 """Configs whose largest capacity places the load (off and K 1..6)."""
 
@@ -117,7 +113,7 @@ def _one(rng: random.Random, seed: int, index: int, cycles: int, truth: str = "m
         model["draft_cost_ratio"] = round(prior.draft_cost_ratio * rng.uniform(0.7, 1.4), 3)
     if truth == "h100-vllm":
         # Every draw above is made all the same, so the rest of the seed's services match.
-        method, gpu, model = "draft_model", "H100, vLLM 0.26 (measured steps)", dict(H100_VLLM_MODEL)
+        method, gpu, model = "draft_model", "H100, vLLM 0.26 (measured steps)", _h100_vllm_model()
     prefix = "gen" if truth == "mixed" else f"gen-{truth}"
     name = f"{prefix}-{seed}-{index:02d}-{kind}" + (f"-x{cycles}" if kind == "swing" and cycles > 1 else "")
     doc: dict[str, Any] = {
@@ -160,3 +156,15 @@ def _one(rng: random.Random, seed: int, index: int, cycles: int, truth: str = "m
         f"{capacity:.1f} req/s, {perfmodel.config_label(best.k)})."
     )
     return doc
+
+
+def _h100_vllm_model() -> dict[str, Any]:
+    """The engine of `H100_VLLM_SCENARIO` (a copy: each document owns its own), read from the
+    scenario itself so that the two cannot drift apart."""
+    return dict(_read_h100_vllm_model())
+
+
+@functools.cache
+def _read_h100_vllm_model() -> dict[str, Any]:
+    document = yaml.safe_load(builtin_scenario_path(H100_VLLM_SCENARIO).read_text(encoding="utf-8"))
+    return document["model"]
