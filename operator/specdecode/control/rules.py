@@ -1477,10 +1477,9 @@ def _other_futures(
             peak, words = surge, "should the load rise to {:.3g} req/s (less than a day of history says nothing of peaks) it gains"
     # Only a move that gives capacity away risks a peak: one that gains capacity is the way
     # to meet it, and a future neither config carries cannot tell them apart.
-    replicas = max(1, calibration.on.replicas)
-    gives_capacity = (config_capacity(calibration, est, target, replicas, alpha)
-                      < config_capacity(calibration, est, current, replicas, alpha))
-    if gives_capacity and peak is not None and load > 0 and peak >= load * (1.0 + t.peak_future_rise):
+    if peak is not None and load > 0 and peak >= load * (1.0 + t.peak_future_rise) and _gives_capacity(
+        calibration, est, current, target, alpha
+    ):
         returns = Forecast((load,) + tuple(peak for _ in SLOTS[1:]), "peak")
         out.append((PEAK_FUTURE, words.format(peak),
                     plan_now(calibration, est, s, current, ctx.allowed(), returns, alpha=alpha).move_gain(target)))
@@ -1491,6 +1490,13 @@ def _other_futures(
         out.append((LOW_ALPHA_FUTURE, f"should acceptance return to its recent low {low:.2f} it gains",
                     at_low.move_gain(target)))
     return out
+
+
+def _gives_capacity(calibration: Calibration, est: Estimate, current: int, target: int, alpha: float | None) -> bool:
+    """``target`` carries less than ``current`` (by the calibrated model, at ``alpha``)."""
+    replicas = max(1, calibration.on.replicas)
+    return (config_capacity(calibration, est, target, replicas, alpha)
+            < config_capacity(calibration, est, current, replicas, alpha))
 
 
 def _sure(ctx: _Context, calibration: Calibration, est: Estimate, current: int, target: int) -> bool:
