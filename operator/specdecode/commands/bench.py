@@ -1,5 +1,6 @@
 """`specdecode bench policy`: the policy against static choices and the phase oracle;
-`bench trace`: one scenario's decisions with their reasons; `bench fleet` and
+`bench trace`: one scenario's decisions with their reasons; `bench peers`: the engine-side
+peers' models against their published numbers; `bench fleet` and
 `bench faults`: the operator's cost and reliability on the local stack."""
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ def _bench(sub: argparse._SubParsersAction) -> None:
         "autotune.allowOutages wins either way",
     )
     t.set_defaults(func=run_bench_trace)
+
+    r = bench_sub.add_parser(
+        "peers",
+        help="each engine-side peer's model against the numbers its project published",
+        description="The benchmark's peers (vLLM's table and adaptive verification, SGLang's adaptive tiers, "
+        "TensorRT-LLM's schedule, the per-step TurboSpec bound; `bench policy` scores them per scenario) are "
+        "models of documented mechanisms. This prints every published figure REFERENCE.md gives for them beside "
+        "what the peer's model gives on a reference engine, the band a figure must fall in, and whether it does. "
+        "Rows marked fitted calibrated the model and check nothing. Exit code 0 either way: a miss is a "
+        "finding to report, not a failure.",
+    )
+    add_output_flag(r, help="; json: one object per figure on stdout")
+    r.set_defaults(func=run_bench_peers)
 
     f = bench_sub.add_parser(
         "fleet",
@@ -200,6 +214,38 @@ def run_bench_policy(args: argparse.Namespace) -> int:
             console = Console(width=160)
         report.render_table(results, summary, console)
         console.print(f"wrote {len(written)} files to {out}/")
+    return 0
+
+
+def run_bench_peers(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..tools.bench import peers
+
+    checks = peers.published_checks()
+    if args.output == "json":
+        json.dump([asdict(c) | {"within": c.within} for c in checks], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    table = Table(title="Peers against their published numbers (ratios as gains: +0.50 = 1.5x)",
+                  caption="fitted: the model was calibrated on this figure. band: the published spread the model "
+                  "must fall in. docs/peers.md says where each number comes from.")
+    for column in ("peer", "source", "figure", "published", "band", "model", ""):
+        table.add_column(column, justify="left" if column in ("peer", "source", "figure", "") else "right")
+    for c in checks:
+        verdict = "fitted" if c.fitted else ("[green]within[/green]" if c.within else "[red]outside[/red]")
+        table.add_row(c.peer, c.source, c.claim, f"{c.published:+.3f}", f"{c.low:+.3f}..{c.high:+.3f}",
+                      f"{c.modeled:+.3f}", verdict)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    console.print(table)
+    checked = [c for c in checks if not c.fitted]
+    console.print(f"{sum(c.within for c in checked)} of {len(checked)} checked figures within their band "
+                  f"({len(checks) - len(checked)} fitted)")
     return 0
 
 

@@ -422,10 +422,19 @@ class Schedule:
     """
 
     bands: tuple[tuple[int, int, int], ...]
+    draft_tokens: int = 0
+    """Tokens the proposer drafts on every step whatever the range's K, which is then the
+    length verified: vLLM's adaptive verification drafts its whole block and verifies only
+    what its budget admits (a peer in the benchmark; the operator renders only 0). 0: each
+    range drafts its own K, as vLLM's table does."""
 
     def __post_init__(self) -> None:
         bands = tuple(tuple(int(x) for x in band) for band in self.bands)
         object.__setattr__(self, "bands", bands)
+        if self.draft_tokens and self.draft_tokens < max(k for _, _, k in bands or ((0, 0, 0),)):
+            raise ScheduleError(
+                f"schedule: draft_tokens {self.draft_tokens} is below a range's K; it must cover every range"
+            )
         if not bands:
             raise ScheduleError("schedule: needs at least one [start, end, K] range")
         expected = 1
@@ -444,8 +453,9 @@ class Schedule:
 
     @property
     def max_k(self) -> int:
-        """The largest K of any range: vLLM's num_speculative_tokens (buffers, memory)."""
-        return max(k for _, _, k in self.bands)
+        """The largest K of any range, or the drafted block: vLLM's num_speculative_tokens
+        (buffers, memory)."""
+        return max(self.draft_tokens, *(k for _, _, k in self.bands))
 
     def k_at(self, batch: float) -> int:
         """K of a step at this running batch size (rounded; the last range extends on)."""
@@ -467,7 +477,8 @@ class Schedule:
         for i, (start, end, k) in enumerate(self.bands):
             span = f"{start}+" if i == len(self.bands) - 1 else f"{start}-{end}"
             parts.append(f"{span}:{'off' if k == 0 else f'K{k}'}")
-        return ",".join(parts)
+        drafted = f"/draft{self.draft_tokens}" if self.draft_tokens else ""
+        return ",".join(parts) + drafted
 
     @classmethod
     def from_label(cls, text: str, last_end: int = 1024) -> "Schedule":
@@ -627,22 +638,25 @@ class _StepCost:
         return self.per_prefill_token * self._factor(batch)
 
 
-def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
+def _step_cost(params: EngineParams, k: int, context_tokens: float, drafted: int | None = None) -> _StepCost:
+    """A step that verifies ``k`` tokens per sequence, drafted ``drafted`` of them (default
+    ``k``: every drafted token is verified)."""
+    drafted = k if drafted is None else drafted
     if params.step_table:
         return _table_step_cost(
             params.step_table, k, round(context_tokens, 1), params.step_table_scale,
             0.0 if params.method in CPU_PROPOSERS else params.step_table_draft_scale,
             params.step_overhead_s, params.spec_overhead_s,
             params.proposer_cpu_s_per_seq,
-            params.step_table_prefill_s, params.step_table_draft_prefill_s,
+            params.step_table_prefill_s, params.step_table_draft_prefill_s, drafted,
         )
-    spec = k > 0
+    spec = drafted > 0
     c = params.draft_cost_ratio if spec else 0.0
     tau, kappa = params.per_batched_token_s, params.per_kv_token_s
-    fixed = params.step_fixed_s * (1 + k * c) + params.step_overhead_s
+    fixed = params.step_fixed_s * (1 + drafted * c) + params.step_overhead_s
     if spec:
         fixed += params.spec_overhead_s
-    per_seq = tau * (k + 1) + kappa * context_tokens + k * c * (tau + kappa * context_tokens)
+    per_seq = tau * (k + 1) + kappa * context_tokens + drafted * c * (tau + kappa * context_tokens)
     if spec:
         per_seq += params.proposer_cpu_s_per_seq
     return _StepCost(fixed=fixed, per_seq=per_seq, per_prefill_token=tau * (1 + c))
@@ -652,6 +666,7 @@ def _step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost
 def _table_step_cost(
     name: str, k: int, context: float, scale: float, draft_scale: float, host_s: float,
     spec_s: float, cpu_s_per_seq: float, prefill_s: float = 0.0, draft_prefill_s: float = 0.0,
+    drafted: int | None = None,
 ) -> _StepCost:
     """The measured step (`steptable`) at each of the table's batch sizes, in seconds.
 
@@ -660,18 +675,20 @@ def _table_step_cost(
     times ``draft_scale`` (0 for a proposer on the host, `CPU_PROPOSERS`).
     Prefill tokens cost the table's marginal per-token time at its largest batch, or
     ``prefill_s`` (+ ``draft_prefill_s`` times ``draft_scale`` when K > 0) when it is set.
+    With ``drafted`` set, the draft forwards are ``drafted`` and the target verifies ``k``.
     """
     from specdecode.control import steptable
 
+    drafted = k if drafted is None else drafted
     table = steptable.load(name)
     points = []
     for b in table.batches:
         ms = table.gpu_ms("target", b, k + 1, context)
-        if k > 0:
+        if drafted > 0:
             ms += draft_scale * (
-                table.gpu_ms("draft", b, 2, context) + (k - 1) * table.gpu_ms("draft", b, 1, context)
+                table.gpu_ms("draft", b, 2, context) + (drafted - 1) * table.gpu_ms("draft", b, 1, context)
             )
-        seconds = scale * ms / 1000.0 + host_s + (spec_s + cpu_s_per_seq * b if k > 0 else 0.0)
+        seconds = scale * ms / 1000.0 + host_s + (spec_s + cpu_s_per_seq * b if drafted > 0 else 0.0)
         points.append((b, seconds))
     big, tokens = table.batches[-1], table.tokens
     span = big * (tokens[-1] - tokens[0])
@@ -682,18 +699,19 @@ def _table_step_cost(
         return (hi - lo) / span / 1000.0
 
     if prefill_s > 0:
-        prefill = scale * (prefill_s + (draft_scale * draft_prefill_s if k > 0 else 0.0))
+        prefill = scale * (prefill_s + (draft_scale * draft_prefill_s if drafted > 0 else 0.0))
     else:
-        prefill = scale * (per_token("target") + (draft_scale * per_token("draft") if k > 0 else 0.0))
+        prefill = scale * (per_token("target") + (draft_scale * per_token("draft") if drafted > 0 else 0.0))
     return _StepCost(fixed=points[0][1], per_seq=0.0, per_prefill_token=prefill, curve=tuple(points))
 
 
-def _scheduled_step_cost(params: EngineParams, k: int, context_tokens: float) -> _StepCost:
+def _scheduled_step_cost(params: EngineParams, k: int, context_tokens: float, drafted: int = 0) -> _StepCost:
     """A step of K ``k`` under a schedule: the plain step of that K (a K 0 step also pays the
     speculation bookkeeping: the proposer stays configured), plus ``schedule_overhead_s``,
-    times ``1 + schedule_penalty`` (from ``schedule_penalty_from_batch`` up, when set)."""
-    cost = _step_cost(params, k, context_tokens)
-    extra = params.schedule_overhead_s + (params.spec_overhead_s if k == 0 else 0.0)
+    times ``1 + schedule_penalty`` (from ``schedule_penalty_from_batch`` up, when set). With
+    ``drafted`` (`Schedule.draft_tokens`), that many tokens are drafted and ``k`` verified."""
+    cost = _step_cost(params, k, context_tokens, drafted or None)
+    extra = params.schedule_overhead_s + (params.spec_overhead_s if max(k, drafted) == 0 else 0.0)
     return _StepCost(
         fixed=cost.fixed + extra,
         per_seq=cost.per_seq,
@@ -718,7 +736,7 @@ def step_time(
     steps at the K its range gives ``batch``, with the schedule's own cost.
     """
     if isinstance(k, Schedule):
-        cost = _scheduled_step_cost(params, k.k_at(batch), context_tokens)
+        cost = _scheduled_step_cost(params, k.k_at(batch), context_tokens, k.draft_tokens)
     else:
         cost = _step_cost(params, k, context_tokens)
     return cost.decode(batch) + cost.prefill_per_token(batch) * prefill_tokens
@@ -1069,7 +1087,7 @@ def _schedule_shape(params: EngineParams, workload: Workload, schedule: Schedule
     for k in sorted({k for _, _, k in schedule.bands}):
         e = expected_tokens_per_step(alpha, k, decay)
         n = prefill_steps + max(0.0, out - 1.0) / e
-        bands.append((k, e, n, _scheduled_step_cost(params, k, context)))
+        bands.append((k, e, n, _scheduled_step_cost(params, k, context, schedule.draft_tokens)))
     return _ScheduleShape(tuple(bands), prompt, kv_per_seq, kv_cap, batch_cap)
 
 
@@ -1122,7 +1140,9 @@ def _schedule_steady_state(
     prefill_steps = max(1.0, workload.prompt_tokens / params.max_num_batched_tokens)
     if n_rep <= 0:
         k1 = schedule.k_at(shape.batch_cap)
-        step = _scheduled_step_cost(params, k1, workload.prompt_tokens + out / 2.0).decode(shape.batch_cap)
+        step = _scheduled_step_cost(
+            params, k1, workload.prompt_tokens + out / 2.0, schedule.draft_tokens
+        ).decode(shape.batch_cap)
         return replace(
             _saturated_nothing(params, workload, k1, alpha, expected_tokens_per_step(alpha, k1, decay),
                                decay, step, shape.batch_cap),
@@ -1158,7 +1178,7 @@ def _schedule_steady_state(
         shares = tuple((k, steps / seq_steps) for k, steps, _ in mix)
     else:
         k1 = schedule.k_at(1)
-        step = _scheduled_step_cost(params, k1, workload.prompt_tokens + out / 2.0).decode(1.0)
+        step = _scheduled_step_cost(params, k1, workload.prompt_tokens + out / 2.0, schedule.draft_tokens).decode(1.0)
         e = expected_tokens_per_step(alpha, k1, decay)
         shares = ((k1, 1.0),)
     drafted = sum(share * k for k, share in shares)

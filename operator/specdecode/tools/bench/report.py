@@ -59,6 +59,8 @@ def scenario_json(result: ScenarioResult) -> dict[str, Any]:
                 "oracle_plan": list(result.schedules.oracle_plan),
                 "strategies": {name: asdict(f) for name, f in result.schedules.strategies.items()},
             },
+            "peers": {name: asdict(f) for name, f in result.peers.items()},
+            "peer_notes": dict(result.peer_notes),
             "experiments": {
                 mode: {
                     "experiments_enabled": v.experiments_enabled,
@@ -96,7 +98,8 @@ def write_csv(results: Sequence[ScenarioResult], path: Path) -> None:
         writer.writeheader()
         for r in results:
             events = policy_events(r)
-            for name, f in r.strategies.items():
+            rows = [*r.strategies.items(), *((f"peer:{name}", f) for name, f in r.peers.items())]
+            for name, f in rows:
                 row: dict[str, Any] = {"scenario": r.name, "strategy": name}
                 for key in CSV_FIELDS[2:]:
                     value = getattr(f, key)
@@ -205,6 +208,7 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
     console.print(events_table)
 
     _render_schedules(results, summary, console)
+    render_peers(summary, console)
     render_experiments(results, summary, console)
 
     suite_table = Table(title="The suite: mean and worst score per strategy")
@@ -222,6 +226,40 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
         )
     console.print(suite_table)
     for target in summary["targets"]:
+        mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
+        console.print(f"  {mark}  {target['name']}: {target['detail']}")
+
+
+def render_peers(summary: dict[str, Any], console: Any) -> None:
+    """Issue #54's table: per scenario the policy, each engine-side peer (n/a where it does
+    not apply), the best one a user can switch on and the policy's margin over it; then each
+    peer's mean and the targets."""
+    from rich.table import Table
+
+    view = summary.get("peers") or {}
+    if not view:
+        return
+    names = list(view["by_peer"])
+    table = Table(
+        title="Peers: what a user gets by switching on an engine's own adaptive speculation",
+        caption="Scored like the policy (against the best static choice and the oracle); each peer starts at the "
+        "declared config and pays one rollout to switch on. turbospec-bound: per-step K with perfect knowledge, an "
+        "upper bound on per-step choice, never the best peer. n/a: the mechanism does not run this method. How each "
+        "peer is modelled and which published number each figure comes from: docs/peers.md.",
+    )
+    for column in ("scenario", "policy", *names, "best peer", "margin"):
+        table.add_column(column, justify="left" if column in ("scenario", "best peer") else "right", no_wrap=True)
+    for name, row in view["scenarios"].items():
+        cells = [f"{row['scores'][n]:.3f}" if n in row["scores"] else "n/a" for n in names]
+        margin = row["policy_margin_over_best_peer"]
+        text = f"{margin:+.3f}"
+        table.add_row(name, f"{row['policy']:.3f}", *cells, row["best_peer"],
+                      f"[red]{text}[/red]" if margin < -0.05 else text)
+    table.add_row("mean", f"{view['policy_mean']:.3f}",
+                  *(f"{view['by_peer'][n]['mean']:.3f}" for n in names),
+                  f"{view['best_peer_per_scenario_mean']:.3f}", "")
+    console.print(table)
+    for target in view["targets"]:
         mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
         console.print(f"  {mark}  {target['name']}: {target['detail']}")
 

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from specdecode import api, timestamps
 from specdecode.control import perfmodel, promql
-from specdecode.tools.bench import engine, telemetry
+from specdecode.tools.bench import engine, peers, telemetry
 from specdecode.control import decision as dec
 from specdecode.control import evaluation
 from specdecode.control.estimates import PolicyObservations
@@ -588,6 +588,10 @@ class ScenarioResult:
     variants: dict[str, PolicyVariant] = field(default_factory=dict)
     """The policy with experiments "on" and/or "off" (``--experiments``); ``strategies``'
     policy is the first mode's."""
+    peers: dict[str, Figures] = field(default_factory=dict)
+    """Each engine-side mechanism that applies here (`peers`), scored like the policy."""
+    peer_notes: dict[str, str] = field(default_factory=dict)
+    """Per peer: how it was configured, or why it does not apply."""
 
 
 @dataclass(frozen=True)
@@ -872,6 +876,7 @@ def run_scenario(
 
     policy_figures = figures(policy_segments, len(run.changes))
     strategies = scored({POLICY: policy_figures, **measure.figures()})
+    peer_figures, peer_notes = _peer_figures(scenario, measure)
     static_names = [strategy_name(c) for c in configs]
     best_static = max(static_names, key=lambda n: (strategies[n].score, -static_names.index(n)))
 
@@ -908,4 +913,22 @@ def run_scenario(
         held_back=scenario.held_back,
         schedules=_schedule_view(measure, policy_figures, plain_figures) if schedules else None,
         variants=variants,
+        peers=peer_figures,
+        peer_notes=peer_notes,
     )
+
+
+def _peer_figures(scenario: Scenario, measure: Yardstick) -> tuple[dict[str, Figures], dict[str, str]]:
+    """Every peer (`peers.run_peers`) scored like the policy: against the best goodput and
+    latency of the static choices and the oracle; a peer never sets a denominator. The notes
+    say how each was configured, or why it does not apply."""
+    best = engine.best_axes(f.axes for f in measure.figures().values())
+
+    def score(segments) -> float:
+        return engine.headline(engine.axes_of(list(segments)), best)[0]
+
+    runs = peers.run_peers(scenario, measure.declared, measure.statics, measure.schedule_statics, score)
+    scored_peers = {
+        name: figures(list(run.segments), 1).with_ratios(best) for name, run in runs.items() if run.applies
+    }
+    return scored_peers, {name: run.note for name, run in runs.items()}

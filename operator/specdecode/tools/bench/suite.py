@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specdecode.tools.bench import engine
+from specdecode.tools.bench import engine, peers
 from specdecode.tools.bench.run import (
     ORACLE, ORACLE_SCHEDULES, POLICY, POLICY_PLAIN, ScenarioResult, run_scenario,
 )
@@ -29,6 +29,10 @@ LOAD_SWING_SCENARIOS = ("diurnal-load", "gpu-slow", "flash-crowd", "h200-load-ra
 """Issue #14's load-swing scenarios: with schedules, restarts <= the oracle's and the score
 within ``TARGET_LOAD_SWING_GAP`` of it."""
 TARGET_LOAD_SWING_GAP = 0.02
+TARGET_MARGIN_OVER_PEER = 0.03
+"""Issue #54: the policy's mean score at least the best single peer's + 0.03."""
+TARGET_PEER_LEAD = 0.05
+"""Issue #54: no scenario where a peer beats the policy by more than this unnamed."""
 
 
 def run_suite(
@@ -176,9 +180,68 @@ def summarize(results: Sequence[ScenarioResult]) -> dict[str, Any]:
         "day_long_stationary_changes": {n: {"policy": p, "oracle": o} for n, p, o in day_long},
         "overall": overall(results),
         "schedules": schedules_summary(results),
+        "peers": peers_summary(results),
         "experiments": experiments_summary(results),
         "targets": [t.__dict__ for t in targets],
         "elapsed_s_sum": math.fsum(r.elapsed_s for r in results),
+    }
+
+
+def peers_summary(results: Sequence[ScenarioResult]) -> dict[str, Any]:
+    """Issue #54's figures: each peer's mean and worst score where it applies; per scenario
+    the best peer a user can switch on (bounds aside) and the policy's margin over it; the
+    best single peer over the suite (among those that apply everywhere) and the targets."""
+    with_peers = [r for r in results if r.peers]
+    if not with_peers:
+        return {}
+    names = [n for n in peers.PEERS if any(n in r.peers for r in with_peers)]
+    by_peer = {}
+    for name in names:
+        values = [r.peers[name].score for r in with_peers if name in r.peers]
+        by_peer[name] = {
+            "mean": math.fsum(values) / len(values), "worst": min(values), "applies": len(values),
+            "bound": name in peers.BOUNDS,
+        }
+    rows = {}
+    for r in with_peers:
+        switchable = {n: f.score for n, f in r.peers.items() if n not in peers.BOUNDS}
+        best = max(switchable, key=lambda n: (switchable[n], -peers.PEERS.index(n)))
+        policy = r.strategies[POLICY].score
+        rows[r.name] = {
+            "policy": policy, "best_peer": best, "best_peer_score": switchable[best],
+            "policy_margin_over_best_peer": policy - switchable[best],
+            "scores": {n: f.score for n, f in r.peers.items()},
+            "notes": dict(r.peer_notes),
+        }
+    everywhere = [n for n in names if not by_peer[n]["bound"] and by_peer[n]["applies"] == len(with_peers)]
+    single = max(everywhere, key=lambda n: by_peer[n]["mean"]) if everywhere else ""
+    policy_mean = math.fsum(r.strategies[POLICY].score for r in with_peers) / len(with_peers)
+    single_mean = by_peer[single]["mean"] if single else math.nan
+    best_per_scenario = math.fsum(row["best_peer_score"] for row in rows.values()) / len(rows)
+    led = {n: row for n, row in rows.items() if row["policy_margin_over_best_peer"] < -TARGET_PEER_LEAD}
+    targets = [
+        Target(
+            f"policy mean >= best single peer + {TARGET_MARGIN_OVER_PEER}",
+            bool(single) and policy_mean - single_mean >= TARGET_MARGIN_OVER_PEER,
+            f"{policy_mean:.3f} vs {single} {single_mean:.3f}: {policy_mean - single_mean:+.3f}",
+        ),
+        Target(
+            f"no scenario where a peer beats the policy by more than {TARGET_PEER_LEAD}",
+            not led,
+            ", ".join(f"{n}: {row['best_peer']} {row['best_peer_score']:.3f} vs {row['policy']:.3f}"
+                      for n, row in led.items()) or "none",
+        ),
+    ]
+    return {
+        "by_peer": by_peer,
+        "scenarios": rows,
+        "best_single_peer": single,
+        "best_single_peer_mean": single_mean,
+        "best_peer_per_scenario_mean": best_per_scenario,
+        "policy_mean": policy_mean,
+        "policy_margin_over_best_single_peer": policy_mean - single_mean,
+        "peer_leads_over_target": sorted(led),
+        "targets": [t.__dict__ for t in targets],
     }
 
 
