@@ -278,8 +278,9 @@ class _K0DefectEvaluator(SegmentEvaluator):
 
 
 def trtllm_run(scenario: Scenario, table: Schedule, declared: Config) -> tuple[tuple[Segment, ...], str]:
-    """``table`` as TensorRT-LLM's ``draft_len_schedule`` until the acceptance a truth stretch
-    shows (what the windowed rate reads, #16888 included) falls below
+    """``table`` as TensorRT-LLM's ``draft_len_schedule`` until the acceptance rate a truth
+    stretch shows (accepted / drafted over its speculative steps, at each step's K: what the
+    windowed gate reads, #16888 included) falls below
     `TRTLLM_ACCEPTANCE_THRESHOLD`; from there on, off for good."""
     params = scenario.params
     evaluator = _K0DefectEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s, table)
@@ -291,8 +292,9 @@ def trtllm_run(scenario: Scenario, table: Schedule, declared: Config) -> tuple[t
         workload = evaluator.truth(scenario, t)[1]
         share = intact_share(params, workload, table, params.replicas)
         worst = min(worst, share)
-        alpha = _alpha(params, workload) * share
-        if perfmodel.acceptance_rate(alpha, table.max_k, params.acceptance_decay) < TRTLLM_ACCEPTANCE_THRESHOLD:
+        seen = replace(workload, acceptance=workload.acceptance * share)
+        # The gate reads accepted / drafted over the steps it speculated, at whatever K each ran.
+        if perfmodel.steady_state(params, seen, table, params.replicas).acceptance_rate < TRTLLM_ACCEPTANCE_THRESHOLD:
             timeline.append(Serving(max(t, settled), OFF, params.replicas))
             note += f"; off for good from {max(t, settled) / 60:.0f} min"
             break
