@@ -348,17 +348,19 @@ def run_peers(
     )
 
     if params.method in SGLANG_METHODS:
+        # Tiers past the scenario's max_k are capped to it: the truth prices no larger K.
+        tiers = sorted({min(t, params.max_k) for t in SGLANG_TIERS})
         tier = max(1, declared)
 
         def next_tier(workload) -> int:
             # Hysteresis makes the tier depend on the path: each stretch starts where the last one settled.
             nonlocal tier
-            tier = sglang_tier(_alpha(params, workload), params.acceptance_decay, SGLANG_TIERS, tier)
+            tier = sglang_tier(_alpha(params, workload), params.acceptance_decay, tiers, tier)
             return tier
 
         timeline, chosen = _adaptive_timeline(scenario, SegmentEvaluator(params, None, None), next_tier, declared)
         out[SGLANG_ADAPTIVE] = PeerRun(
-            SGLANG_ADAPTIVE, _evaluated(scenario, params, timeline), f"tiers {SGLANG_TIERS}: {_labels(chosen)}"
+            SGLANG_ADAPTIVE, _evaluated(scenario, params, timeline), f"tiers {tuple(tiers)}: {_labels(chosen)}"
         )
     else:
         out[SGLANG_ADAPTIVE] = PeerRun(
