@@ -1141,3 +1141,26 @@ def test_the_control_step_decides_whatever_the_windows_read(
     if decision.enabled:
         assert settings.min_k <= decision.k <= settings.max_k, decision.reason
     assert after.enabled == decision.enabled
+
+
+def test_a_table_the_engine_ignores_is_reverted_once_the_batch_leaves_its_longest_range():
+    """vllm#51510 as the truth plays it: the runner drafts the table's largest K at every
+    batch. At the calm the batch sits in the K 3 range, where an ignored table is the table:
+    kept. Once the load puts the batch in the K 0 range, the requests still draft 3 tokens a
+    step: reverted to the plain K it replaced, remembered as rejected, the reason naming the
+    drafts and the batch."""
+    ignoring = replace(TRUTH, schedule_ignored=True)
+    settings = auto()
+    assert first_revert(settings, under_schedule(since=NOW, live_since=NOW + 180.0), ignoring, 2) is None
+    offered = 0.8 * perfmodel.capacity(TRUTH, workload(1), 3)
+    honoured = observe(workload(offered), SCHEDULE, 300)
+    ignored = observe(workload(offered), SCHEDULE, 300, params=ignoring)
+    assert ignored.batch_per_pod > 64 and not perfmodel.steady_state(ignoring, workload(offered), SCHEDULE).saturated
+    assert schedules._table_ignored(SCHEDULE, honoured) is None
+    state = under_schedule(since=NOW - 86400, live_since=NOW - 86400 + 180, last_alpha=0.8)
+    decision, after = step(settings, state, both(workload(offered), SCHEDULE, params=ignoring), NOW)
+    assert decision.changes and decision.rule is Rule.SCHEDULE_REVERT, decision.reason
+    assert decision.k == 3 and decision.schedule is None
+    assert "the engine ignores the table" in decision.reason and "vllm#51510" in decision.reason, decision.reason
+    assert after.schedule is None and SCHEDULE.label in after.rejected_schedules
+    assert "ignores the table" in (after.schedule_note or "")

@@ -71,6 +71,22 @@ def test_engine_runs_the_table_k_at_its_batch() -> None:
     assert dict(engine_state(table, PARAMS, light, 1).step_shares()).get(5, 0.0) > 0.99
 
 
+def test_an_engine_that_ignores_its_table_drafts_the_largest_k_at_every_batch() -> None:
+    """vllm#51510 played by the simulator (`schedule_ignored`): where the table says K 0 the
+    pod still drafts K 5 on every step, and its counters show it."""
+    from dataclasses import replace
+
+    table = EngineConfig("m", "draft_model", 5, per_batch_size=((1, 16, 5), (17, 1024, 0)))
+    ignoring = replace(PARAMS, schedule_ignored=True)
+    heavy = Workload(request_rate=30, prompt_tokens=1000, output_tokens=300, acceptance=0.8)
+    assert engine_state(table, ignoring, heavy, 1).batch > 16
+    assert dict(engine_state(table, ignoring, heavy, 1).step_shares()) == {5: 1.0}
+    engine = PodEngine(table, ignoring, np.random.default_rng(3))
+    run(engine, 300, heavy)
+    m = engine.metrics
+    assert m.counters[x.SPEC_DRAFT_TOKENS] / m.counters[x.SPEC_DRAFTS] == pytest.approx(5.0)
+
+
 def test_table_read_from_the_rendered_speculative_config_mixes_the_per_position_counters() -> None:
     """A pod whose batch straddles the table's edge drafts K 4 on some steps and K 1 on the
     others: position 0 counts every drafting step, positions 1-3 only the K 4 steps."""

@@ -212,6 +212,10 @@ class EngineParams:
     """The running batch from which ``schedule_penalty`` applies (0: at every batch). The
     reported MTP collapse: aggregate throughput fell only once concurrency crossed the
     schedule's threshold, so a check right after the rollout, at a calmer load, saw nothing."""
+    schedule_ignored: bool = False
+    """A truth a scenario sets to play vllm#51510: the engine's model runner ignores the table
+    and every step drafts the table's largest K, at a plain K's cost. The policy's prior is
+    False; it finds out from the drafts' length (`schedules`)."""
     batch_dispersion: float = 1.0
     """Variance / mean of the running batch around its mean (1: Poisson, as many requests
     in flight independently); sets how often a schedule's steps fall into each range."""
@@ -289,6 +293,8 @@ class EngineParams:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise EngineParamsError(f"model.{name}: must be a number >= 0, got {value!r}")
+        if not isinstance(self.schedule_ignored, bool):
+            raise EngineParamsError(f"model.schedule_ignored: must be true or false, got {self.schedule_ignored!r}")
         if self.step_fixed_s + self.step_overhead_s <= 0:
             raise EngineParamsError("model.step_fixed_s: a step must cost more than 0 s")
         if not 0 < self.acceptance_decay <= 1:
@@ -984,6 +990,8 @@ def steady_state(
     nothing and are reported saturated with zero capacity.
     """
     if isinstance(k, Schedule):
+        if params.schedule_ignored:
+            return replace(steady_state(params, workload, k.max_k, replicas), k=k)
         return _schedule_steady_state(params, workload, k, replicas)
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
@@ -1050,6 +1058,15 @@ def _band_occupancy(
         mean = mean_batch + sd * (pdf_lo - pdf_hi) / prob
         out.append((k, prob, max(1e-9, mean)))
     return out
+
+
+def mean_drafted_tokens(schedule: Schedule, mean_batch: float, dispersion: float = 1.0) -> float:
+    """Tokens drafted per running request per step under ``schedule`` at a mean running batch
+    (K 0 ranges count 0; the batch spread as `_band_occupancy` spreads it, each range weighed
+    by the requests it holds)."""
+    bands = _band_occupancy(schedule, mean_batch, dispersion)
+    held = math.fsum(prob * batch for _, prob, batch in bands)
+    return math.fsum(k * prob * batch for k, prob, batch in bands) / held if held > 0 else float(schedule.k_at(1))
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,10 @@ rules (`rules.decide`) have decided:
    effect, a schedule that falls behind its load (a queue, and ``BEHIND_MARGIN`` fewer
    requests finished than that K serves at the batch by what it measured before, or is
    predicted to serve when nothing was measured: a throughput collapse past a range's
-   threshold) is reverted the same way. Every full window also calibrates the
-   schedule's per-step overhead from the measured step time (kept in status for later
-   proposals).
+   threshold) is reverted the same way, and so is a table the engine ignores (vllm#51510:
+   every request drafts the largest K where the ranges draft less, `_table_ignored`). Every
+   full window also calibrates the schedule's per-step overhead from the measured step
+   time (kept in status for later proposals).
 3. Re-render only when the acceptance regime changed enough: a new proposal must save
    ``REPLACE_GAIN`` of the time per token over the whole batch range (a fixed grid, the same
    whatever the load), so load swings alone never restart. A replacement is canaried as an
@@ -728,6 +729,14 @@ def _under_schedule(
         )
     if not _window_complete(settings, state, now):
         return decision, ScheduleUpdate()
+    ignored = _table_ignored(schedule, observed.window)
+    if ignored is not None:
+        plain_k = _replaced_config(state)
+        reason = (f"schedule {schedule.label} {ignored}: the engine ignores the table (vLLM's Model Runner V2 "
+                  f"does, vllm#51510); reverted to {label(plain_k)} and not chosen again for this spec")
+        return _revert(decision, schedule, plain_k, reason), ScheduleUpdate(
+            note=f"reverted: the engine ignores the table ({ignored})"[:512], rejected=schedule.label,
+        )
     behind = _behind(settings, state, observed, decision)
     if behind is not None:
         return behind
@@ -788,6 +797,37 @@ def _under_schedule(
             rule=Rule.SCHEDULE, applied=True, held=None, wanted=None, schedule=new, step_scale=None,
         ), ScheduleUpdate(overhead_s=overhead, note=f"replaced: acceptance changed ({saving:.0%})")
     return decision, ScheduleUpdate(overhead_s=overhead)
+
+
+IGNORED_MIN_DRAFTS = 1000.0
+"""Drafts a window needs before their length can say the table is ignored."""
+IGNORED_FULL = 0.9
+"""Drafted tokens per request-step at this share of the table's largest K read as every step
+drafting it (n-gram proposes nothing on some steps; prefill steps draft nothing)."""
+IGNORED_SHORTER_BY = 1.0
+"""An ignored table: the requests draft the table's largest K on every step while its ranges,
+at the window's batch, would have drafted at least this many tokens fewer per request-step
+(or a quarter of the largest K, if more: the margin above the honoured table's own drafts
+must exceed what the batch's spread can add)."""
+
+
+def _table_ignored(schedule: Schedule, obs: Observation) -> str | None:
+    """What shows that the engine runs ``schedule``'s largest K at every batch (vllm#51510):
+    every request drafts a full-length draft on (nearly) every step (drafted tokens per
+    request-step, ``draft_tokens / steps``, at `IGNORED_FULL` of the largest K) in a window whose batch sits
+    where the table's ranges draft at least `IGNORED_SHORTER_BY` fewer
+    (`perfmodel.mean_drafted_tokens`). None while the batch stays where the table drafts its
+    largest K: there an ignored table costs nothing and cannot be told apart."""
+    spec, batch = obs.speculation, obs.batch_per_pod
+    if spec is None or batch is None or obs.steps <= 0 or spec.drafts < IGNORED_MIN_DRAFTS:
+        return None
+    drafted = spec.draft_tokens / obs.steps
+    expected = perfmodel.mean_drafted_tokens(schedule, batch)
+    shorter = max(IGNORED_SHORTER_BY, 0.25 * schedule.max_k)
+    if drafted >= IGNORED_FULL * schedule.max_k and expected <= schedule.max_k - shorter:
+        return (f"drafted {drafted:.1f} tokens a request a step at a running batch of {batch:.0f}, where its "
+                f"ranges draft {expected:.1f}")
+    return None
 
 
 def _canary_cost(state: ControlState) -> float:
