@@ -209,9 +209,7 @@ def run_bench_policy(args: argparse.Namespace) -> int:
         json.dump(report.suite_json(results, summary), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)
+        console = _wide_console()
         report.render_table(results, summary, console)
         console.print(f"wrote {len(written)} files to {out}/")
     return 0
@@ -220,7 +218,6 @@ def run_bench_policy(args: argparse.Namespace) -> int:
 def run_bench_peers(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rich.console import Console
     from rich.table import Table
 
     from ..tools.bench import peers
@@ -239,9 +236,7 @@ def run_bench_peers(args: argparse.Namespace) -> int:
         verdict = "fitted" if c.fitted else ("[green]within[/green]" if c.within else "[red]outside[/red]")
         table.add_row(c.peer, c.source, c.claim, f"{c.published:+.3f}", f"{c.low:+.3f}..{c.high:+.3f}",
                       f"{c.modeled:+.3f}", verdict)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = _wide_console()
     console.print(table)
     checked = [c for c in checks if not c.fitted]
     console.print(f"{sum(c.within for c in checked)} of {len(checked)} checked figures within their band "
@@ -272,6 +267,15 @@ def run_bench_trace(args: argparse.Namespace) -> int:
     policy = run.run_policy(scenario, settings, experiments=args.experiments == "on", on_evaluation=show)
     print(f"{len(policy.changes)} change(s) of config, {len(policy.experiments)} canary experiment(s)")
     return 0
+
+
+def _wide_console():
+    """A rich console; 160 columns when the output is not a terminal (a pipe, a CI log), so the
+    benchmark's wide tables do not wrap at rich's default 80."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
 
 
 def _duration_arg(flag: str, text: str) -> float:
@@ -312,17 +316,13 @@ def _stack_errors(workdir: Path):
 
 
 def _report(args: argparse.Namespace, title: str, figures, targets) -> int:
-    from rich.console import Console
-
     from ..tools.bench import live
 
     if args.output == "json":
         json.dump({"figures": figures.to_json(), "targets": [t.to_json() for t in targets]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)
+        console = _wide_console()
         live.render_targets(console, title, figures.rows(), targets)
     return 0 if all(t.holds for t in targets) else 1
 

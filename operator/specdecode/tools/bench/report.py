@@ -225,7 +225,12 @@ def render_table(results: Sequence[ScenarioResult], summary: dict[str, Any], con
             str(figs.get("restarts", "")), f"{figs.get('slo_violation_min', 0):.0f}",
         )
     console.print(suite_table)
-    for target in summary["targets"]:
+    print_targets(summary["targets"], console)
+
+
+def print_targets(targets: Sequence[dict[str, Any]], console: Any) -> None:
+    """Each target of a summary as holding or falling short, with its detail."""
+    for target in targets:
         mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
         console.print(f"  {mark}  {target['name']}: {target['detail']}")
 
@@ -259,9 +264,7 @@ def render_peers(summary: dict[str, Any], console: Any) -> None:
                   *(f"{view['by_peer'][n]['mean']:.3f}" for n in names),
                   f"{view['best_peer_per_scenario_mean']:.3f}", "")
     console.print(table)
-    for target in view["targets"]:
-        mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
-        console.print(f"  {mark}  {target['name']}: {target['detail']}")
+    print_targets(view["targets"], console)
 
 
 EXPERIMENTS_LEGEND = (
@@ -318,9 +321,7 @@ def render_experiments(results: Sequence[ScenarioResult], summary: dict[str, Any
                   *cells({m: {"score": totals[m]["mean_score"], **totals[m]} for m in modes if m in totals},
                          totals.get("oracle_restarts", "")))
     console.print(table)
-    for target in section.get("targets", []):
-        mark = "[green]holds[/green]" if target["met"] else "[red]falls short[/red]"
-        console.print(f"  {mark}  {target['name']}: {target['detail']}")
+    print_targets(section.get("targets", []), console)
 
 
 def plot_scenario(result: ScenarioResult, path: Path) -> None:
