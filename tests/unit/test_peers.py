@@ -65,7 +65,7 @@ def _peer_runs(data) -> tuple[dict[str, peers.PeerRun], run.Yardstick]:
     measure = run.yardstick(scenario, schedules=True)
     best = run.engine.best_axes(f.axes for f in measure.figures().values())
     runs = peers.run_peers(
-        scenario, measure.declared, measure.statics, measure.schedule_statics,
+        scenario, measure.evaluator, measure.declared, measure.statics, measure.schedule_statics,
         lambda segs: run.engine.headline(run.engine.axes_of(list(segs)), best)[0],
     )
     return runs, measure

@@ -437,12 +437,12 @@ class Schedule:
     def __post_init__(self) -> None:
         bands = tuple(tuple(int(x) for x in band) for band in self.bands)
         object.__setattr__(self, "bands", bands)
-        if self.draft_tokens and self.draft_tokens < max(k for _, _, k in bands or ((0, 0, 0),)):
+        if not bands:
+            raise ScheduleError("schedule: needs at least one [start, end, K] range")
+        if self.draft_tokens and self.draft_tokens < max(k for _, _, k in bands):
             raise ScheduleError(
                 f"schedule: draft_tokens {self.draft_tokens} is below a range's K; it must cover every range"
             )
-        if not bands:
-            raise ScheduleError("schedule: needs at least one [start, end, K] range")
         expected = 1
         for start, end, k in bands:
             if start != expected:

@@ -214,21 +214,26 @@ def _labels(configs: Sequence[Config]) -> str:
     return ", ".join(seen[:4]) + (f" (+{len(seen) - 4} more)" if len(seen) > 4 else "")
 
 
-def _evaluated(scenario: Scenario, params: EngineParams, timeline: Sequence[Serving]) -> tuple[Segment, ...]:
-    evaluator = SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+def _evaluator(scenario: Scenario, params: EngineParams) -> SegmentEvaluator:
+    """The truth's evaluator with a peer's own costs in place of the scenario's."""
+    return SegmentEvaluator(params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+
+
+def _evaluated(scenario: Scenario, evaluator: SegmentEvaluator, timeline: Sequence[Serving]) -> tuple[Segment, ...]:
     return tuple(engine.evaluate_schedule(scenario, evaluator, timeline))
 
 
-def _static(scenario: Scenario, params: EngineParams, config: Config, declared: Config) -> tuple[Segment, ...]:
-    return _evaluated(scenario, params, engine.static_schedule(config, params.replicas, declared, params.rollout_s))
+def _static(scenario: Scenario, evaluator: SegmentEvaluator, config: Config, declared: Config) -> tuple[Segment, ...]:
+    params = scenario.params
+    return _evaluated(scenario, evaluator, engine.static_schedule(config, params.replicas, declared, params.rollout_s))
 
 
 # --- the peers --------------------------------------------------------------------------------
 
 
 def table_in_hindsight(
-    scenario: Scenario, tables: dict[Schedule, list[Segment]], best_k: int, declared: Config,
-    score,
+    scenario: Scenario, evaluator: SegmentEvaluator, tables: dict[Schedule, list[Segment]], best_k: int,
+    declared: Config, score,
 ) -> tuple[Schedule, tuple[Segment, ...]]:
     """The best table chosen once: the family's static tables and the best plain K as a
     one-range table, by ``score`` (segments -> headline score)."""
@@ -236,7 +241,7 @@ def table_in_hindsight(
     candidates = {s: tuple(segs) for s, segs in tables.items()}
     if best_k > 0:
         one = Schedule(((1, params.max_num_seqs, best_k),))
-        candidates[one] = _static(scenario, params, one, declared)
+        candidates[one] = _static(scenario, evaluator, one, declared)
     best = max(candidates, key=lambda s: score(candidates[s]))
     return best, candidates[best]
 
@@ -264,16 +269,23 @@ def intact_share(params: EngineParams, workload: perfmodel.Workload, table: Sche
 
 
 class _K0DefectEvaluator(SegmentEvaluator):
-    """The truth with #16888 on ``table`` (`intact_share`)."""
+    """The truth with #16888 on ``table`` (`intact_share`, memoized: the gate reads it at
+    every truth break and every segment there is evaluated with it)."""
 
     def __init__(self, params: EngineParams, slo_e2e_s, slo_tpot_s, table: Schedule):
         super().__init__(params, slo_e2e_s, slo_tpot_s)
         self.table = table
+        self._shares: dict[tuple, float] = {}
+
+    def intact_share(self, workload: perfmodel.Workload, replicas: int) -> float:
+        key = (workload, replicas)
+        if key not in self._shares:
+            self._shares[key] = intact_share(self.params, workload, self.table, replicas)
+        return self._shares[key]
 
     def evaluate(self, workload, config, duration, queue, replicas):
         if config == self.table:
-            share = intact_share(self.params, workload, self.table, replicas)
-            workload = replace(workload, acceptance=workload.acceptance * share)
+            workload = replace(workload, acceptance=workload.acceptance * self.intact_share(workload, replicas))
         return super().evaluate(workload, config, duration, queue, replicas)
 
 
@@ -290,7 +302,7 @@ def trtllm_run(scenario: Scenario, table: Schedule, declared: Config) -> tuple[t
     worst = 1.0
     for t in engine.truth_breaks(scenario)[:-1]:
         workload = evaluator.truth(scenario, t)[1]
-        share = intact_share(params, workload, table, params.replicas)
+        share = evaluator.intact_share(workload, params.replicas)
         worst = min(worst, share)
         seen = replace(workload, acceptance=workload.acceptance * share)
         # The gate reads accepted / drafted over the steps it speculated, at whatever K each ran.
@@ -305,40 +317,43 @@ def trtllm_run(scenario: Scenario, table: Schedule, declared: Config) -> tuple[t
 
 def run_peers(
     scenario: Scenario,
+    evaluator: SegmentEvaluator,
     declared: int,
     statics: dict[int, list[Segment]],
     tables: dict[Schedule, list[Segment]],
     score,
 ) -> dict[str, PeerRun]:
     """Every peer on ``scenario``, each scored by ``score`` (segments -> headline score
-    against the yardstick's denominators) where a choice in hindsight needs one."""
+    against the yardstick's denominators) where a choice in hindsight needs one. ``evaluator``
+    is the yardstick's (the scenario's truth, its memo shared with the static choices); peers
+    with costs of their own get theirs."""
     params = scenario.params
     out: dict[str, PeerRun] = {}
     ks = tuple(range(0, params.max_k + 1))
     best_k = max((c for c in statics if c > 0), key=lambda c: score(statics[c]), default=0)
 
-    table, table_segments = table_in_hindsight(scenario, tables, best_k, declared, score)
+    table, table_segments = table_in_hindsight(scenario, evaluator, tables, best_k, declared, score)
     out[VLLM_TABLE] = PeerRun(VLLM_TABLE, table_segments, f"table {table.label}, chosen once in hindsight")
 
     default = default_table(params)
     out[VLLM_TABLE_DEFAULT] = PeerRun(
-        VLLM_TABLE_DEFAULT, _static(scenario, params, default, declared), f"the docs' table {default.label}"
+        VLLM_TABLE_DEFAULT, _static(scenario, evaluator, default, declared), f"the docs' table {default.label}"
     )
 
     verify_params = replace(
         params, schedule_overhead_s=0.0, schedule_penalty=ADAPTIVE_VERIFY_OVERHEAD, schedule_penalty_from_batch=0.0
     )
-    evaluator = SegmentEvaluator(verify_params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+    verifying = _evaluator(scenario, verify_params)
     tried = {}
     for block in sorted({min(ADAPTIVE_VERIFY_BLOCK, params.max_k), max(1, declared)}):
         timeline, chosen = _adaptive_timeline(
-            scenario, evaluator,
+            scenario, verifying,
             lambda w, block=block: per_step_schedule(
                 verify_params, _alpha(params, w), _context(w), range(0, block + 1), drafted=block
             ),
             declared,
         )
-        segments = _evaluated(scenario, verify_params, timeline)
+        segments = _evaluated(scenario, verifying, timeline)
         tried[block] = (score(segments), segments, chosen)
     block = max(tried, key=lambda b: tried[b][0])
     _, segments, chosen = tried[block]
@@ -358,9 +373,9 @@ def run_peers(
             tier = sglang_tier(_alpha(params, workload), params.acceptance_decay, tiers, tier)
             return tier
 
-        timeline, chosen = _adaptive_timeline(scenario, SegmentEvaluator(params, None, None), next_tier, declared)
+        timeline, chosen = _adaptive_timeline(scenario, evaluator, next_tier, declared)
         out[SGLANG_ADAPTIVE] = PeerRun(
-            SGLANG_ADAPTIVE, _evaluated(scenario, params, timeline), f"tiers {tuple(tiers)}: {_labels(chosen)}"
+            SGLANG_ADAPTIVE, _evaluated(scenario, evaluator, timeline), f"tiers {tuple(tiers)}: {_labels(chosen)}"
         )
     else:
         out[SGLANG_ADAPTIVE] = PeerRun(
@@ -371,12 +386,12 @@ def run_peers(
     out[TRTLLM_SCHEDULE] = PeerRun(TRTLLM_SCHEDULE, segments, note)
 
     bound_params = replace(params, schedule_overhead_s=0.0, schedule_penalty=0.0)
-    evaluator = SegmentEvaluator(bound_params, scenario.slo.p95_e2e_s, scenario.slo.p95_tpot_s)
+    bounding = _evaluator(scenario, bound_params)
     timeline, chosen = _adaptive_timeline(
-        scenario, evaluator, lambda w: per_step_schedule(bound_params, _alpha(params, w), _context(w), ks), declared,
+        scenario, bounding, lambda w: per_step_schedule(bound_params, _alpha(params, w), _context(w), ks), declared,
     )
     out[TURBOSPEC_BOUND] = PeerRun(
-        TURBOSPEC_BOUND, _evaluated(scenario, bound_params, timeline), f"K by batch: {_labels(chosen)}"
+        TURBOSPEC_BOUND, _evaluated(scenario, bounding, timeline), f"K by batch: {_labels(chosen)}"
     )
     return out
 
@@ -423,30 +438,21 @@ def closed_loop_rate(params: EngineParams, config: Config, alpha: float, concurr
     return concurrency * e / perfmodel.step_time(params, config, concurrency, context_tokens)
 
 
-def _fit_alpha(ratio_of_alpha, target: float) -> float:
-    """The acceptance in (0.05, 0.99) at which the increasing ``ratio_of_alpha`` meets ``target``
-    (bisection; an end when it never does)."""
-    lo, hi = 0.05, 0.99
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if ratio_of_alpha(mid) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def _fit_value(function, target: float, lo: float, hi: float) -> float:
-    """``x`` in [lo, hi] where the monotone ``function`` meets ``target`` (bisection in log
-    space; it may fall either way)."""
+def _solve(function, target: float, lo: float, hi: float, log: bool = False) -> float:
+    """``x`` in [lo, hi] where the monotone ``function`` meets ``target`` (bisection, in log
+    space with ``log``; rising or falling; an end when it never does)."""
     rising = function(hi) > function(lo)
     for _ in range(60):
-        mid = math.sqrt(lo * hi)
+        mid = math.sqrt(lo * hi) if log else 0.5 * (lo + hi)
         if (function(mid) < target) == rising:
             lo = mid
         else:
             hi = mid
-    return math.sqrt(lo * hi)
+    return math.sqrt(lo * hi) if log else 0.5 * (lo + hi)
+
+
+ALPHA_RANGE = (0.05, 0.99)
+"""Where a reference engine's fitted acceptance is looked for."""
 
 
 def _adaptive_verify_checks() -> list[PublishedCheck]:
@@ -469,7 +475,7 @@ def _adaptive_verify_checks() -> list[PublishedCheck]:
     params = EngineParams.for_method(
         "eagle3", {"max_k": 7, "step_table": "h200-llama8b-1b", "step_table_draft_scale": DSPARK_DRAFT_SCALE}
     )
-    alpha = _fit_alpha(lambda a: gain(params, a, 4), rows[4][1] / rows[4][0])
+    alpha = _solve(lambda a: gain(params, a, 4), rows[4][1] / rows[4][0], *ALPHA_RANGE)
     verify = replace(params, schedule_overhead_s=0.0, schedule_penalty=ADAPTIVE_VERIFY_OVERHEAD)
     schedule = per_step_schedule(verify, alpha, context, range(0, 8), drafted=7)
     checks = []
@@ -513,8 +519,9 @@ def _sglang_checks() -> list[PublishedCheck]:
         return closed_loop_rate(params, steps, alpha, 2, context) / closed_loop_rate(params, OFF, alpha, 2, context)
 
     params = EngineParams.for_method("mtp", {"max_k": 7})
-    alpha = _fit_alpha(lambda a: perfmodel.expected_tokens_per_step(a, 1, params.acceptance_decay), 1.85)
-    cost = _fit_value(lambda c: gain(replace(params, draft_cost_ratio=c), alpha, 1), published[1][0] / baseline, 1e-3, 2.0)
+    alpha = _solve(lambda a: perfmodel.expected_tokens_per_step(a, 1, params.acceptance_decay), 1.85, *ALPHA_RANGE)
+    cost = _solve(lambda c: gain(replace(params, draft_cost_ratio=c), alpha, 1), published[1][0] / baseline, 1e-3, 2.0,
+                  log=True)
     params = replace(params, draft_cost_ratio=cost)
     checks = []
     for steps, (rate, length) in published.items():

@@ -927,7 +927,8 @@ def _peer_figures(scenario: Scenario, measure: Yardstick) -> tuple[dict[str, Fig
     def score(segments) -> float:
         return engine.headline(engine.axes_of(list(segments)), best)[0]
 
-    runs = peers.run_peers(scenario, measure.declared, measure.statics, measure.schedule_statics, score)
+    runs = peers.run_peers(scenario, measure.evaluator, measure.declared, measure.statics, measure.schedule_statics,
+                           score)
     scored_peers = {
         name: figures(list(run.segments), 1).with_ratios(best) for name, run in runs.items() if run.applies
     }
