@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -222,14 +223,25 @@ REAL_VLLM_CPU = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-ngram-k3.metri
 CPU) serving a 2-layer dummy-weight Llama with n-gram K=3 after 20 completions; how it was
 made is in docs/real-vllm.md ("A real vLLM on the CPU")."""
 
+VLLM026 = resources.files("specdecode.control") / "data"
+"""The real /metrics of vLLM 0.26.0 on an H100 (issue 55; docs/real-vllm.md)."""
+H100_MODEL = "meta-llama/Llama-3.2-1B-Instruct"
 
-def test_every_family_the_simulator_exposes_is_in_a_real_vllms_exposition_alike() -> None:
-    # The simulator's families against a real engine's text: same names, types, label
-    # names, histogram bounds, per-position positions and _created series. A change on either
-    # side that parts them fails here, not in a user's dashboards.
+
+@pytest.mark.parametrize("real, method, model", [
+    (VLLM026 / "h100-vllm026-metrics-draft-k3.txt", "draft_model", H100_MODEL),
+    (VLLM026 / "h100-vllm026-metrics-table-k3-0.txt", "draft_model", H100_MODEL),
+    (VLLM026 / "h100-vllm026-metrics-ngram-k3.txt", "ngram", H100_MODEL),
+    (REAL_VLLM_CPU, "ngram", "/tmp/tiny"),
+], ids=["0.26-h100-draft-k3", "0.26-h100-table-k3-0", "0.26-h100-ngram-k3", "0.32-cpu-ngram-k3"])
+def test_every_family_the_simulator_exposes_is_in_a_real_vllms_exposition_alike(real, method, model) -> None:
+    # The simulator's families (vLLM 0.33's names) against a real engine's committed text:
+    # none missing there, and the same types, label names, histogram bounds, draft positions
+    # and _created series. A change on either side that parts them fails here, not in a
+    # user's dashboards.
     from specdecode.tools.gpu.compare_exposition import compare, simulator_text
 
-    lines = compare(REAL_VLLM_CPU.read_text(), simulator_text("ngram", 3, "/tmp/tiny"))
+    lines = compare(real.read_text(encoding="utf-8"), simulator_text(method, 3, model))
     simulated = int(lines[0].split("simulator ")[1].split(",")[0])
     assert simulated >= 19 and lines[0].endswith(f"both {simulated}"), lines[0]
     assert lines[1].endswith("(0): -"), lines[1]
